@@ -1,0 +1,1 @@
+"""The three agents (Query Rewriter, Selector, Generator): prompts, parsers, candidate merging and the batched pipeline."""

@@ -1,0 +1,1 @@
+"""Datasets: loaders into one record type, the demo world and atomic file writing."""

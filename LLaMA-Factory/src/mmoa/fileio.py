@@ -1,0 +1,112 @@
+"""Atomic file and folder writing, and JSON Lines reading with line-precise errors.
+
+Every data file, index and checkpoint of the project is written through these helpers: the
+content goes to a temporary sibling first and is moved into place with ``os.replace`` only when
+complete, so an interrupted run never leaves a half-written file behind and never damages what
+was there before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+PathLike = str | os.PathLike[str]
+
+
+@contextlib.contextmanager
+def atomic_path(path: PathLike) -> Iterator[Path]:
+    """Yield a temporary path in the target's folder; on success move it onto ``path``.
+
+    On an exception the temporary file is removed and ``path`` keeps its previous content.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+@contextlib.contextmanager
+def atomic_dir(path: PathLike) -> Iterator[Path]:
+    """Yield a temporary folder beside ``path``; on success it replaces ``path`` as a whole.
+
+    Used for outputs made of several files (an index with its metadata, a checkpoint) that must
+    appear together or not at all.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        yield tmp
+        if target.exists():
+            old = target.with_name(f".{target.name}.old")
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def atomic_write_text(path: PathLike, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def atomic_write_json(path: PathLike, obj: Any, indent: int | None = 2) -> None:
+    atomic_write_text(path, json.dumps(obj, ensure_ascii=False, indent=indent) + "\n")
+
+
+def atomic_write_jsonl(path: PathLike, records: Iterable[dict[str, Any]]) -> int:
+    """Write one JSON object per line; returns the number of records written."""
+    count = 0
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+class DataFormatError(ValueError):
+    """Bad input data; the message names the file, the line or record, and the field."""
+
+
+def iter_jsonl(path: PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, object)`` for each non-blank line, 1-based line numbers."""
+    source = Path(path)
+    if not source.is_file():
+        raise FileNotFoundError(f"{source}: no such file")
+    with source.open(encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataFormatError(f"{source}:{line_number}: invalid JSON ({err.msg})") from err
+            if not isinstance(obj, dict):
+                raise DataFormatError(
+                    f"{source}:{line_number}: expected a JSON object, got {type(obj).__name__}"
+                )
+            yield line_number, obj
+
+
+def read_jsonl(path: PathLike) -> list[dict[str, Any]]:
+    return [obj for _, obj in iter_jsonl(path)]

@@ -1,0 +1,1 @@
+"""Dense retrieval: encoder, Faiss index, memory-mapped corpus store, Flask app and HTTP client."""

@@ -1,0 +1,1 @@
+"""Training stages owned by this project (LLaMA-Factory runs every other stage)."""

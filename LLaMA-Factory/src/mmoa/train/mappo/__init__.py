@@ -1,0 +1,1 @@
+"""MAPPO: arguments, rollout, rewards, PPO math, Trainer subclass and workflow."""

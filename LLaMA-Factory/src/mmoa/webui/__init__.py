@@ -1,0 +1,1 @@
+"""LLaMA-Factory web UI with the MAPPO stage and a RAG playground."""

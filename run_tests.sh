@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test command: sets up the environment from nothing (idempotent), lints, runs the whole suite.
+# Extra arguments go to pytest, e.g.  bash run_tests.sh -k metrics -x
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
+bash setup_env.sh
+# shellcheck disable=SC1091
+source .venv/bin/activate
+echo "[tests] ruff check"
+ruff check .
+echo "[tests] pytest"
+python -m pytest "$@"
