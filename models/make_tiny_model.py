@@ -1,9 +1,9 @@
 """Create the tiny demo model: a few-million-parameter Llama, tokenizer trained on the demo world.
 
-The tokenizer is trained on every string of the given JSON Lines files (default: every *.jsonl in
-data/demo/, i.e. the demo world's corpus and QA splits), the model is randomly initialised with a
-seed, and both are saved to one folder that loads offline with AutoModelForCausalLM /
-AutoTokenizer and with llamafactory (`template: llama3`).
+The tokenizer is trained on every string of the given JSON Lines files (default: every *.jsonl
+in data/demo/, i.e. the demo world's corpus and QA splits) plus the agents' prompt wording; the
+model is randomly initialised with a seed; both are saved to one folder that loads offline with
+AutoModelForCausalLM / AutoTokenizer and with llamafactory (`template: llama3`).
 
 Example: python models/make_tiny_model.py --output-dir models/tiny-llama3 --seed 42
 """
@@ -20,6 +20,7 @@ from mmoa.tiny_model import (
     DEFAULT_OUTPUT_DIR,
     DEFAULT_TEXT_DIR,
     TinyModelConfig,
+    default_extra_texts,
     default_text_files,
     iter_strings,
     make_tiny_model,
@@ -62,8 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         nargs="*",
         default=[],
-        help="texts counted with --extra-text-weight (e.g. the agents' prompt wording): the "
-        "strings of a .jsonl file, or the whole content of any other file",
+        help="more texts counted with --extra-text-weight: the strings of a .jsonl file, or "
+        "the whole content of any other file",
+    )
+    parser.add_argument(
+        "--no-prompt-texts",
+        action="store_true",
+        help="leave out the agents' prompt wording (mmoa.agents.prompts.vocabulary_texts), "
+        "which is otherwise counted with --extra-text-weight",
     )
     sizes = parser.add_argument_group("model and tokenizer sizes (TinyModelConfig)")
     for field in dataclasses.fields(TinyModelConfig):
@@ -103,14 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         files = args.text_files or default_text_files(args.text_dir)
         texts = texts_from_jsonl(files)
-        extra_texts = read_extra_texts(args.extra_text_files)
+        extra_texts = [] if args.no_prompt_texts else default_extra_texts()
+        extra_texts += read_extra_texts(args.extra_text_files)
     except (OSError, ValueError) as err:  # DataFormatError is a ValueError
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"training the tokenizer on {len(texts):,} strings from {len(files)} file(s)")
-    info = make_tiny_model(
-        texts, args.output_dir, config, extra_texts=extra_texts, show_progress=True
-    )
+    info = make_tiny_model(texts, args.output_dir, config, extra_texts=extra_texts)
     print(info.summary())
     return 0
 

@@ -29,7 +29,12 @@ from typing import TYPE_CHECKING, Any
 from mmoa.fileio import PathLike, atomic_dir, atomic_write_json, iter_jsonl
 
 if TYPE_CHECKING:
-    from transformers import GenerationConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import (
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+    )
 
 #: Name of llamafactory's built-in template that this tokenizer matches.
 TEMPLATE_NAME = "llama3"
@@ -213,6 +218,26 @@ CHAT_HEADER_TEXTS: tuple[str, ...] = tuple(
 )
 
 
+def demo_world_texts(world: Any) -> list[str]:
+    """Every string of a demo world (``mmoa.data.demo_world.DemoWorld``), in file order.
+
+    The order is that of reading the files ``write_demo_world`` writes with
+    :func:`default_text_files` (``corpus.jsonl`` then the splits by file name), so a model made
+    from the world in memory is byte-identical to one made by the script from ``data/demo``.
+    """
+    texts = list(iter_strings(world.corpus))
+    for split in sorted(world.splits):
+        texts.extend(iter_strings(world.splits[split]))
+    return texts
+
+
+def default_extra_texts() -> list[str]:
+    """The agents' fixed prompt wording, so instruction words become merged tokens."""
+    from mmoa.agents.prompts import vocabulary_texts
+
+    return vocabulary_texts()
+
+
 def _weighted_texts(
     texts: Iterable[str], extra_texts: Sequence[str], extra_text_weight: int
 ) -> Iterator[str]:
@@ -279,7 +304,7 @@ def train_tokenizer(
     return tokenizer
 
 
-def build_llama_config(tokenizer: PreTrainedTokenizerFast, config: TinyModelConfig) -> Any:
+def build_llama_config(tokenizer: PreTrainedTokenizerFast, config: TinyModelConfig) -> LlamaConfig:
     """The ``LlamaConfig`` for ``config``, sized to the tokenizer's real vocabulary."""
     from transformers import LlamaConfig
 
@@ -330,11 +355,6 @@ def build_model(tokenizer: PreTrainedTokenizerFast, config: TinyModelConfig) -> 
     model.generation_config = build_generation_config(tokenizer)
     model.eval()
     return model
-
-
-def count_parameters(model: Any) -> int:
-    """Distinct parameters (tied embeddings counted once)."""
-    return sum(p.numel() for p in model.parameters())
 
 
 def _texts_digest(texts: Sequence[str]) -> str:
@@ -390,7 +410,7 @@ def make_tiny_model(
         )
     return TinyModelInfo(
         path=target,
-        num_parameters=count_parameters(model),
+        num_parameters=model.num_parameters(),  # tied embeddings counted once
         vocab_size=len(tokenizer),
         template=TEMPLATE_NAME,
         num_texts=len(texts),
