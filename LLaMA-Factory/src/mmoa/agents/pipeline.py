@@ -158,9 +158,9 @@ class RagPipeline:
             raise ValueError(f"pipeline mode {mode!r} needs a retriever")
         self.model = model
         self.tokenizer = tokenizer
-        self.renderer = (
-            template if isinstance(template, PromptRenderer) else PromptRenderer(tokenizer, template)
-        )
+        if not isinstance(template, PromptRenderer):
+            template = PromptRenderer(tokenizer, template)
+        self.renderer = template
         self.retriever = retriever
         self.mode = mode
         self.k = k
