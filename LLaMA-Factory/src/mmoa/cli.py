@@ -68,6 +68,68 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
     demo.set_defaults(handler=_cmd_demo_world)
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from mmoa.evaluation import EvalConfig, evaluate, format_table, load_metrics
+
+    if args.compare:
+        runs = [(str(path), load_metrics(path)) for path in args.compare]
+        print(format_table(runs))
+        return 0
+    if not args.model_name_or_path or not args.output_dir:
+        print("mmoa-cli eval: error: --model_name_or_path and --output_dir are required "
+              "(or use --compare)", file=sys.stderr)
+        return 2
+    fields = {k: v for k, v in vars(args).items()
+              if k in EvalConfig.__dataclass_fields__ and v is not None}
+    config = EvalConfig(**fields)
+    try:
+        config.validate()
+        metrics = evaluate(config)
+    except (ValueError, KeyError, FileNotFoundError, ConnectionError) as err:
+        print(f"mmoa-cli eval: error: {err}", file=sys.stderr)
+        return 2
+    print(format_table([(config.output_dir, metrics)]))
+    print(f"wrote {config.output_dir}/predictions.jsonl and {config.output_dir}/metrics.json")
+    return 0
+
+
+def _add_eval_command(commands: argparse._SubParsersAction) -> None:
+    from mmoa.agents.pipeline import MODES
+
+    ev = commands.add_parser(
+        "eval",
+        help="evaluate the pipeline (Acc / EM / F1 and per-agent statistics)",
+        description="Run the RAG pipeline greedily over a QA set and score it.",
+        epilog=(
+            "examples:\n"
+            "  mmoa-cli eval --model_name_or_path models/tiny-llama3 --template llama3 \\\n"
+            "      --data_file data/demo/test.jsonl --retriever_url http://127.0.0.1:8000 \\\n"
+            "      --mode qr_s_g --output_dir outputs/eval/untrained\n"
+            "  mmoa-cli eval --compare outputs/eval/untrained outputs/eval/sft"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ev.add_argument("--model_name_or_path", help="local model directory")
+    ev.add_argument("--adapter_name_or_path", help="optional LoRA adapter directory")
+    ev.add_argument("--template", default="llama3", help="LLaMA-Factory template (default llama3)")
+    ev.add_argument("--dataset", help="a name registered in <dataset_dir>/dataset_info.json")
+    ev.add_argument("--dataset_dir", default="data", help="folder of dataset_info.json")
+    ev.add_argument("--data_file", help="a QA file instead of --dataset")
+    ev.add_argument("--data_format", default="auto",
+                    help="hotpotqa, 2wiki, ambigqa, flashrag, nq_open, demo or auto (default)")
+    ev.add_argument("--retriever_url", default="http://127.0.0.1:8000")
+    ev.add_argument("--retriever_token", help="bearer token of the retrieval server")
+    ev.add_argument("--mode", default="qr_s_g", choices=MODES)
+    ev.add_argument("--k", type=int, default=10, help="number of candidate documents")
+    ev.add_argument("--batch_size", type=int, default=16)
+    ev.add_argument("--max_samples", type=int)
+    ev.add_argument("--normalizer", default="mmoa", choices=["mmoa", "squad"])
+    ev.add_argument("--output_dir", help="where predictions.jsonl and metrics.json go")
+    ev.add_argument("--compare", nargs="+", metavar="METRICS",
+                    help="print one table for several metrics.json files (or their folders)")
+    ev.set_defaults(handler=_cmd_eval)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mmoa-cli",
@@ -82,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     version = commands.add_parser("version", help="print the package version")
     version.set_defaults(handler=_cmd_version)
     _add_data_commands(commands)
+    _add_eval_command(commands)
     return parser
 
 
