@@ -1,1 +1,4 @@
-"""The three agents (Query Rewriter, Selector, Generator): prompts, parsers, candidate merging and the batched pipeline."""
+"""The three agents (Query Rewriter, Selector, Generator).
+
+Prompts, output parsers, candidate merging and the batched QR -> R -> S -> G pipeline.
+"""

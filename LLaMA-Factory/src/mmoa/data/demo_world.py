@@ -1,0 +1,863 @@
+"""A seeded synthetic encyclopedia and multi-hop QA set: the embedded demo world.
+
+The demo must exercise everything the real task has, on a 2-core CPU and with no download:
+retrieval among look-alike passages, multi-hop questions whose second hop is only reachable
+through a fact found in the first passage, comparisons, yes/no questions, and gold answers that
+a word-overlap labeller gets wrong some of the time. So the world is not a list of isolated facts:
+
+* entities (countries, cities, people, companies, films) are linked by relations, and each
+  entity's passage mentions its neighbours (a director's passage names their films, a film's
+  passage names its director and studio), which is what makes bridge questions retrievable;
+* distractor passages share names and words with real ones: namesakes with the same surname,
+  novels with a film's title, festival and exhibition notes that mention people, places, films and
+  years without stating the facts that questions ask about.
+
+Questions are generated per split from disjoint pools of subject entities, so a test question
+never has the subject of a training question: a model must read, not remember.
+Everything is driven by one ``random.Random(seed)``; the same configuration gives the same world
+byte for byte.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mmoa.fileio import atomic_dir, atomic_write_json, atomic_write_jsonl
+
+SPLITS = ("train", "dev", "test")
+QUESTION_TYPES = ("one_hop", "bridge", "comparison", "yes_no")
+#: Share of each question type in every split (sums to 1).
+TYPE_MIX = {"one_hop": 0.3, "bridge": 0.3, "comparison": 0.2, "yes_no": 0.2}
+#: Share of passages that are distractors; the rest describe one entity each.
+DISTRACTOR_SHARE = 0.3
+#: Share of entity passages per kind (sums to 1).
+KIND_MIX = {"country": 0.05, "city": 0.15, "person": 0.40, "company": 0.15, "film": 0.25}
+MIN_PASSAGES = 60
+
+
+class DemoWorldError(ValueError):
+    """Invalid demo-world arguments (raised before anything is written)."""
+
+
+@dataclass(frozen=True)
+class DemoWorldConfig:
+    """Sizes and seed of a demo world. Defaults: the size the demo and the README use."""
+
+    n_passages: int = 2000
+    n_train: int = 2000
+    n_dev: int = 200
+    n_test: int = 200
+    seed: int = 42
+
+    def validate(self) -> None:
+        for name in ("n_passages", "n_train", "n_dev", "n_test"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise DemoWorldError(f"{name} must be a non-negative integer, got {value!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise DemoWorldError(f"seed must be an integer, got {self.seed!r}")
+        if self.n_passages < MIN_PASSAGES:
+            raise DemoWorldError(
+                f"n_passages must be at least {MIN_PASSAGES} so every kind of entity exists, "
+                f"got {self.n_passages}"
+            )
+        if self.n_train + self.n_dev + self.n_test == 0:
+            raise DemoWorldError("ask for at least one question (n_train + n_dev + n_test > 0)")
+
+    def split_sizes(self) -> dict[str, int]:
+        return {"train": self.n_train, "dev": self.n_dev, "test": self.n_test}
+
+
+@dataclass
+class DemoWorld:
+    """The generated world: a corpus and question splits in the project's unified schema."""
+
+    config: DemoWorldConfig
+    corpus: list[dict[str, str]]
+    splits: dict[str, list[dict[str, Any]]]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def passage_by_id(self) -> dict[str, dict[str, str]]:
+        return {p["id"]: p for p in self.corpus}
+
+
+# ---------------------------------------------------------------------------------------------
+# Entities
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Country:
+    name: str
+    language: str
+    currency: str
+    capital: str = ""
+    key: str = ""
+
+
+@dataclass
+class City:
+    name: str
+    country: str
+    founded: int
+    population: int
+    river: str
+    key: str = ""
+
+
+@dataclass
+class Person:
+    first: str
+    last: str
+    born: int
+    city: str
+    occupation: str
+    employer: str = ""
+    films: list[str] = field(default_factory=list)
+    founded: list[str] = field(default_factory=list)
+    key: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.first} {self.last}"
+
+
+@dataclass
+class Company:
+    name: str
+    short: str
+    founded: int
+    city: str
+    founder: str
+    industry: str
+    films: list[str] = field(default_factory=list)
+    key: str = ""
+
+
+@dataclass
+class Film:
+    title: str
+    year: int
+    director: str
+    studio: str
+    genre: str
+    city: str
+    key: str = ""
+
+
+_ONSETS = [
+    "b", "br", "c", "d", "dr", "f", "g", "gr", "h", "k", "kl", "l", "m", "n", "p", "pr", "r",
+    "s", "st", "t", "tr", "v", "z", "th", "sh", "j", "w",
+]
+_VOWELS = ["a", "e", "i", "o", "u", "a", "e", "i", "o", "ai", "ei", "ou"]
+_CODAS = ["", "", "", "", "n", "r", "l", "s", "m", "nd", "rk"]
+#: Words a generated name must not be (answers such as "no" or "yes" must stay unambiguous).
+_ENGLISH_WORDS = {
+    "yes", "none", "note", "more", "mine", "time", "name", "same", "some", "home", "done",
+    "gone", "bone", "tone", "fire", "hire", "wire", "sure", "pure", "lure", "rare", "care",
+    "dare", "fare", "bare", "mare", "ware", "here", "were", "there", "where", "tire",
+}
+_COUNTRY_ENDINGS = ["ia", "land", "ova", "ania", "eth", "istan", "ora", "avia"]
+_CITY_ENDINGS = ["ton", "burg", "vale", "mouth", "field", "port", "haven", "ford", "grad", "wick"]
+_LANGUAGES_SUFFIX = ["ish", "ese", "ic", "ian"]
+_CURRENCIES = ["crown", "mark", "florin", "dinar", "taler", "shilling", "real", "peso", "ducat"]
+_RIVERS = ["Amber", "Silver", "Grey", "Swift", "Cold", "Black", "Willow", "Stone", "Iron", "Reed"]
+_OCCUPATIONS = [
+    "painter", "novelist", "architect", "chemist", "composer", "engineer", "photographer",
+    "economist", "sculptor", "physician", "journalist", "astronomer",
+]
+_INDUSTRIES = ["software", "shipping", "textiles", "railways", "pharmaceuticals", "brewing"]
+_COMPANY_SUFFIX = {
+    "software": ["Systems", "Labs", "Digital"],
+    "shipping": ["Lines", "Maritime", "Freight"],
+    "textiles": ["Mills", "Weavers", "Textiles"],
+    "railways": ["Rail", "Railways", "Transit"],
+    "pharmaceuticals": ["Pharma", "Biologics", "Remedies"],
+    "brewing": ["Breweries", "Brewing", "Ales"],
+    "film": ["Pictures", "Studios", "Films"],
+}
+_GENRES = ["drama", "comedy", "thriller", "western", "musical", "science fiction", "horror"]
+_TITLE_ADJ = [
+    "Amber", "Silent", "Crimson", "Hollow", "Northern", "Broken", "Golden", "Hidden", "Last",
+    "Burning", "Frozen", "Distant", "Quiet", "Wandering", "Forgotten", "Velvet", "Paper",
+    "Glass", "Iron", "Midnight", "Restless", "Scarlet", "Bitter", "Lonely",
+]
+_TITLE_NOUN = [
+    "Lantern", "Harbor", "Orchard", "Mirror", "Garden", "Road", "Season", "Tide", "Crown",
+    "Letter", "Bridge", "Winter", "Tower", "River", "Promise", "Compass", "Voyage", "Station",
+    "Feather", "Anthem", "Kingdom", "Summer", "Horizon", "Echo",
+]
+
+
+class _Names:
+    """Draws unique pronounceable names; uniqueness is global across all kinds of entity."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.used: set[str] = set()
+
+    def _stem(self, syllables: int) -> str:
+        parts = [
+            self.rng.choice(_ONSETS) + self.rng.choice(_VOWELS) + self.rng.choice(_CODAS)
+            for _ in range(syllables)
+        ]
+        return "".join(parts).capitalize()
+
+    def unique(self, make: Callable[[], str]) -> str:
+        for _ in range(10_000):
+            name = make()
+            if name not in self.used and len(name) > 2:
+                self.used.add(name)
+                return name
+        raise RuntimeError("name space exhausted")  # pragma: no cover - astronomically unlikely
+
+    def first_name(self) -> str:
+        """A first name that cannot be read as an English word ("No", "Bo", "Tim" ...)."""
+        while True:
+            name = self._stem(self.rng.randint(1, 2))
+            if len(name) >= 4 and name.lower() not in _ENGLISH_WORDS:
+                return name
+
+    def word(self, syllables: tuple[int, int] = (2, 2), ending: Sequence[str] = ("",)) -> str:
+        return self.unique(
+            lambda: self._stem(self.rng.randint(*syllables)) + self.rng.choice(list(ending))
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# World construction
+# ---------------------------------------------------------------------------------------------
+
+
+def _kind_counts(n_entity_passages: int) -> dict[str, int]:
+    counts = {kind: max(1, int(n_entity_passages * share)) for kind, share in KIND_MIX.items()}
+    counts["person"] += n_entity_passages - sum(counts.values())
+    counts["country"] = max(counts["country"], 3)
+    counts["city"] = max(counts["city"], 2 * counts["country"])
+    return counts
+
+
+class _Builder:
+    """Creates the entities and their passages for one configuration."""
+
+    def __init__(self, config: DemoWorldConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.names = _Names(self.rng)
+        n_distractors = round(config.n_passages * DISTRACTOR_SHARE)
+        self.n_distractors = n_distractors
+        counts = _kind_counts(config.n_passages - n_distractors)
+        self.countries: list[Country] = []
+        self.cities: list[City] = []
+        self.people: list[Person] = []
+        self.companies: list[Company] = []
+        self.films: list[Film] = []
+        self._make_entities(counts)
+
+    # -- entities ----------------------------------------------------------------------------
+
+    def _make_entities(self, counts: dict[str, int]) -> None:
+        rng = self.rng
+        for _ in range(counts["country"]):
+            name = self.names.word((1, 1), _COUNTRY_ENDINGS)
+            language = name.rstrip("aeiouy") + rng.choice(_LANGUAGES_SUFFIX)
+            self.countries.append(Country(name, language, rng.choice(_CURRENCIES)))
+        for i in range(counts["city"]):
+            country = self.countries[i % len(self.countries)] if i < 2 * len(
+                self.countries
+            ) else rng.choice(self.countries)
+            self.cities.append(
+                City(
+                    name=self.names.word((1, 1), _CITY_ENDINGS),
+                    country=country.name,
+                    founded=rng.randint(900, 1850),
+                    population=rng.randrange(20_000, 3_000_000, 1_000),
+                    river=rng.choice(_RIVERS),
+                )
+            )
+        for country in self.countries:
+            own = [c for c in self.cities if c.country == country.name]
+            country.capital = rng.choice(own).name
+        # Directors are people too; a quarter of the people direct the films.
+        n_people = counts["person"]
+        n_directors = max(1, min(n_people // 4, (counts["film"] + 1) // 2))
+        surnames: list[str] = []
+        for i in range(n_people):
+            # Some surnames repeat on purpose: namesakes make retrieval harder.
+            if surnames and rng.random() < 0.15:
+                last = rng.choice(surnames)
+            else:
+                last = self.names.word((2, 2))
+                surnames.append(last)
+            first = self._first_name(last)
+            occupation = "film director" if i < n_directors else rng.choice(_OCCUPATIONS)
+            self.people.append(
+                Person(first, last, rng.randint(1901, 1990), rng.choice(self.cities).name,
+                       occupation)
+            )
+        directors = self.people[:n_directors]
+        n_companies = counts["company"]
+        n_studios = max(1, n_companies // 3)
+        for i in range(n_companies):
+            industry = "film" if i < n_studios else rng.choice(_INDUSTRIES)
+            short = self.names.word((2, 2))
+            founder = rng.choice(self.people[n_directors:] or self.people)
+            company = Company(
+                name=f"{short} {rng.choice(_COMPANY_SUFFIX[industry])}",
+                short=short,
+                founded=rng.randint(1850, 2010),
+                city=rng.choice(self.cities).name,
+                founder=founder.name,
+                industry=industry,
+            )
+            founder.founded.append(company.name)
+            self.companies.append(company)
+        studios = self.companies[:n_studios]
+        non_directors = self.people[n_directors:]
+        for person in non_directors:
+            if rng.random() < 0.5:
+                person.employer = rng.choice(self.companies).name
+        titles: set[str] = set()
+        for i in range(counts["film"]):
+            title = self._film_title(titles)
+            director = directors[i % len(directors)] if i < 2 * len(directors) else rng.choice(
+                directors
+            )
+            studio = rng.choice(studios)
+            film = Film(
+                title=title,
+                year=rng.randint(max(1930, director.born + 20), min(2023, director.born + 75)),
+                director=director.name,
+                studio=studio.name,
+                genre=rng.choice(_GENRES),
+                city=rng.choice(self.cities).name,
+            )
+            director.films.append(title)
+            studio.films.append(title)
+            self.films.append(film)
+
+    def _first_name(self, last: str) -> str:
+        for _ in range(100):
+            first = self.names.first_name()
+            if first != last and f"{first} {last}" not in self.names.used:
+                self.names.used.add(f"{first} {last}")
+                return first
+        raise RuntimeError("first-name space exhausted")  # pragma: no cover
+
+    def _film_title(self, taken: set[str]) -> str:
+        for _ in range(10_000):
+            adjective, noun = self.rng.choice(_TITLE_ADJ), self.rng.choice(_TITLE_NOUN)
+            pattern = self.rng.random()
+            if pattern < 0.55:
+                title = f"The {adjective} {noun}"
+            elif pattern < 0.8:
+                title = f"{adjective} {noun}"
+            else:
+                title = f"The {noun} of {self.rng.choice(self.cities).name}"
+            if title not in taken:
+                taken.add(title)
+                return title
+        raise DemoWorldError("too many films for the title space; ask for fewer passages")
+
+    # -- passages ----------------------------------------------------------------------------
+
+    def entity_passages(self) -> list[tuple[str, str, str]]:
+        """Returns ``(key, title, text)`` for every entity; the key links questions to passages."""
+        rng = self.rng
+        out: list[tuple[str, str, str]] = []
+        for c in self.countries:
+            c.key = f"country:{c.name}"
+            text = rng.choice([
+                f"{c.name} is a country whose capital is {c.capital}. Its official language is "
+                f"{c.language} and its currency is the {c.currency}.",
+                f"The capital of {c.name} is {c.capital}. People in {c.name} speak {c.language} "
+                f"and pay in the {c.currency}.",
+                f"{c.name}, officially the Republic of {c.name}, has {c.capital} as its capital. "
+                f"The {c.currency} is its currency; {c.language} is spoken there.",
+            ])
+            out.append((c.key, c.name, text))
+        for city in self.cities:
+            city.key = f"city:{city.name}"
+            pop = f"{city.population:,}"
+            text = rng.choice([
+                f"{city.name} is a city in {city.country} on the {city.river} River. It was "
+                f"founded in {city.founded} and has a population of {pop}.",
+                f"Founded in {city.founded}, {city.name} lies on the {city.river} River in "
+                f"{city.country}. About {pop} people live there.",
+                f"{city.name} ({city.country}) has {pop} inhabitants. The city was founded in "
+                f"{city.founded} beside the {city.river} River.",
+            ])
+            out.append((city.key, city.name, text))
+        for p in self.people:
+            p.key = f"person:{p.name}"
+            article = _article(p.occupation)
+            sentences = [rng.choice([
+                f"{p.name} (born {p.born} in {p.city}) is {article} {p.occupation}.",
+                f"{p.name} is {article} {p.occupation} who was born in {p.city} in {p.born}.",
+                f"Born in {p.city} in {p.born}, {p.name} became a well-known {p.occupation}.",
+            ])]
+            if p.films:
+                listed = _join(p.films[:3])
+                sentences.append(rng.choice([
+                    f"{p.first} directed {listed}.",
+                    f"{p.last} is best known as the director of {listed}.",
+                ]))
+            if p.founded:
+                sentences.append(f"{p.last} founded {_join(p.founded)}.")
+            if p.employer:
+                sentences.append(f"{p.first} has worked for {p.employer}.")
+            out.append((p.key, p.name, " ".join(sentences)))
+        for co in self.companies:
+            co.key = f"company:{co.name}"
+            kind = "film studio" if co.industry == "film" else f"{co.industry} company"
+            sentences = [rng.choice([
+                f"{co.name} is a {kind} founded in {co.founded} by {co.founder}. It is "
+                f"headquartered in {co.city}.",
+                f"Headquartered in {co.city}, {co.name} is a {kind} that {co.founder} founded in "
+                f"{co.founded}.",
+                f"{co.founder} founded {co.name} in {co.founded}; the {kind} is based in "
+                f"{co.city}.",
+            ])]
+            if co.films:
+                sentences.append(f"Its productions include {_join(co.films[:3])}.")
+            out.append((co.key, co.name, " ".join(sentences)))
+        for f in self.films:
+            f.key = f"film:{f.title}"
+            text = rng.choice([
+                f"{f.title} is a {f.year} {f.genre} film directed by {f.director}. It was "
+                f"produced by {f.studio} and shot in {f.city}.",
+                f"Directed by {f.director}, {f.title} is a {f.genre} film released in {f.year}. "
+                f"{f.studio} produced it, and it was filmed in {f.city}.",
+                f"{f.title} ({f.year}) is a {f.genre} film by {f.director}, made by {f.studio} "
+                f"on location in {f.city}.",
+            ])
+            out.append((f.key, f.title, text))
+        return out
+
+    def distractor_passages(self) -> list[tuple[str, str, str]]:
+        """Passages that share names and words with real ones but answer no question."""
+        rng = self.rng
+        out: list[tuple[str, str, str]] = []
+        makers = [self._novel, self._festival, self._exhibition, self._namesake]
+        titles = {p.name for p in self.people} | {f.title for f in self.films}
+        titles |= {c.name for c in self.cities} | {c.name for c in self.countries}
+        titles |= {c.name for c in self.companies}
+        for i in range(self.n_distractors):
+            for _ in range(50):
+                title, text = makers[i % len(makers)]()
+                if title not in titles:
+                    titles.add(title)
+                    out.append((f"distractor:{i}", title, text))
+                    break
+            else:  # pragma: no cover - would need an absurdly small world
+                raise DemoWorldError("could not make enough distinct distractor passages")
+        rng.shuffle(out)
+        return out
+
+    def _novel(self) -> tuple[str, str]:
+        f, author = self.rng.choice(self.films), self.rng.choice(self.people)
+        year = self.rng.randint(1900, 2023)
+        return f"{f.title} (novel)", (
+            f"{f.title} is a {year} novel by {author.name}. It is unrelated to the film of the "
+            f"same name, although both are set near {self.rng.choice(self.cities).name}."
+        )
+
+    def _festival(self) -> tuple[str, str]:
+        city = self.rng.choice(self.cities)
+        film = self.rng.choice(self.films)
+        guest = self.rng.choice(self.people)
+        year = self.rng.choice([film.year, film.year + 1, self.rng.randint(1950, 2023)])
+        return f"{year} {city.name} Film Festival", (
+            f"The {year} {city.name} Film Festival screened {film.title} and invited {guest.name} "
+            f"as a guest of honour. Visitors came from {self.rng.choice(self.countries).name}."
+        )
+
+    def _exhibition(self) -> tuple[str, str]:
+        company = self.rng.choice(self.companies)
+        person = self.rng.choice(self.people)
+        city = self.rng.choice(self.cities)
+        year = self.rng.choice([company.founded, person.born, self.rng.randint(1900, 2023)])
+        return f"{company.short} Exhibition of {year}", (
+            f"In {year} {company.name} held an exhibition in {city.name}. The {person.occupation} "
+            f"{person.name} gave the opening speech, and the event moved to "
+            f"{self.rng.choice(self.cities).name} the following year."
+        )
+
+    def _namesake(self) -> tuple[str, str]:
+        person = self.rng.choice(self.people)
+        first = self.names.first_name()
+        city = self.rng.choice(self.cities)
+        born = self.rng.randint(1850, 1995)
+        occupation = self.rng.choice(_OCCUPATIONS)
+        return f"{first} {person.last}", (
+            f"{first} {person.last} (born {born} in {city.name}) is {_article(occupation)} "
+            f"{occupation}. "
+            f"{first} is not related to {person.name}, despite the shared family name."
+        )
+
+
+def _article(noun: str) -> str:
+    return "an" if noun[0] in "aeiou" else "a"
+
+
+def _join(items: Sequence[str]) -> str:
+    items = list(items)
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Questions
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Question:
+    question: str
+    answers: list[str]
+    keys: list[str]  # entity keys of the supporting passages
+    decomposition: list[str]
+    type: str
+
+
+class _QuestionMaker:
+    """Generates every question the world can make for a pool of subject entities."""
+
+    def __init__(self, builder: _Builder, rng: random.Random) -> None:
+        self.b = builder
+        self.rng = rng
+        self.person = {p.name: p for p in builder.people}
+        self.city = {c.name: c for c in builder.cities}
+        self.country = {c.name: c for c in builder.countries}
+        self.company = {c.name: c for c in builder.companies}
+
+    def _pick(self, *phrasings: str) -> str:
+        return self.rng.choice(phrasings)
+
+    def one_hop(self, pool: dict[str, list[Any]]) -> list[_Question]:
+        out: list[_Question] = []
+        for p in pool["person"]:
+            out.append(_Question(
+                self._pick(f"In which city was {p.name} born?", f"Where was {p.name} born?"),
+                [p.city], [p.key], [f"Where was {p.name} born?"], "one_hop"))
+            out.append(_Question(
+                self._pick(f"In what year was {p.name} born?", f"When was {p.name} born?"),
+                [str(p.born)], [p.key], [f"When was {p.name} born?"], "one_hop"))
+        for f in pool["film"]:
+            out.append(_Question(
+                self._pick(f"Who directed {f.title}?", f"Who is the director of {f.title}?"),
+                [f.director, self.person[f.director].last], [f.key],
+                [f"Who directed {f.title}?"], "one_hop"))
+            out.append(_Question(
+                self._pick(f"In which year was {f.title} released?",
+                           f"When was the film {f.title} released?"),
+                [str(f.year)], [f.key], [f"When was {f.title} released?"], "one_hop"))
+        for co in pool["company"]:
+            out.append(_Question(
+                self._pick(f"When was {co.name} founded?", f"In what year was {co.name} founded?"),
+                [str(co.founded)], [co.key], [f"When was {co.name} founded?"], "one_hop"))
+            out.append(_Question(
+                self._pick(f"Where is {co.name} headquartered?",
+                           f"In which city is {co.name} based?"),
+                [co.city], [co.key], [f"Where is {co.name} headquartered?"], "one_hop"))
+        for city in pool["city"]:
+            out.append(_Question(
+                self._pick(f"In which country is {city.name}?",
+                           f"{city.name} is a city in which country?"),
+                self._country_aliases(city.country), [city.key],
+                [f"Which country is {city.name} in?"], "one_hop"))
+        for c in pool["country"]:
+            out.append(_Question(
+                self._pick(f"What is the capital of {c.name}?",
+                           f"Which city is the capital of {c.name}?"),
+                [c.capital], [c.key], [f"What is the capital of {c.name}?"], "one_hop"))
+        return out
+
+    def bridge(self, pool: dict[str, list[Any]]) -> list[_Question]:
+        out: list[_Question] = []
+        for f in pool["film"]:
+            d = self.person[f.director]
+            out.append(_Question(
+                self._pick(f"In which city was the director of {f.title} born?",
+                           f"Where was the director of {f.title} born?"),
+                [d.city], [f.key, d.key],
+                [f"Who directed {f.title}?", f"Where was the director of {f.title} born?"],
+                "bridge"))
+            out.append(_Question(
+                self._pick(f"In what year was the director of {f.title} born?",
+                           f"When was the person who directed {f.title} born?"),
+                [str(d.born)], [f.key, d.key],
+                [f"Who directed {f.title}?", f"When was the director of {f.title} born?"],
+                "bridge"))
+            studio = self.company[f.studio]
+            out.append(_Question(
+                self._pick(f"Who founded the studio that produced {f.title}?",
+                           f"The company that made {f.title} was founded by whom?"),
+                [studio.founder, self.person[studio.founder].last], [f.key, studio.key],
+                [f"Which studio produced {f.title}?", f"Who founded the studio of {f.title}?"],
+                "bridge"))
+        for p in pool["person"]:
+            city = self.city[p.city]
+            out.append(_Question(
+                self._pick(f"In which country was {p.name} born?",
+                           f"{p.name} was born in which country?"),
+                self._country_aliases(city.country), [p.key, city.key],
+                [f"Where was {p.name} born?", f"Which country is the birthplace of {p.name} in?"],
+                "bridge"))
+        for co in pool["company"]:
+            city = self.city[co.city]
+            out.append(_Question(
+                self._pick(f"In which country is {co.name} headquartered?",
+                           f"{co.name} has its headquarters in which country?"),
+                self._country_aliases(city.country), [co.key, city.key],
+                [f"Where is {co.name} headquartered?",
+                 f"Which country is the headquarters city of {co.name} in?"],
+                "bridge"))
+        return out
+
+    def comparison(self, pool: dict[str, list[Any]], limit: int) -> list[_Question]:
+        specs = [
+            ("film", lambda f: f.year, "Which film was released first, {a} or {b}?",
+             "When was {x} released?", lambda f: f.title, lambda f: [f.title]),
+            ("person", lambda p: p.born, "Who was born first, {a} or {b}?",
+             "When was {x} born?", lambda p: p.name, lambda p: [p.name]),
+            ("company", lambda c: c.founded, "Which company was founded earlier, {a} or {b}?",
+             "When was {x} founded?", lambda c: c.name, lambda c: [c.name, c.short]),
+            ("city", lambda c: -c.population, "Which city has more inhabitants, {a} or {b}?",
+             "What is the population of {x}?", lambda c: c.name, lambda c: [c.name]),
+        ]
+        out: list[_Question] = []
+        for kind, value, template, sub, name, aliases in specs:
+            for a, b in self._pairs(pool[kind], limit):
+                if value(a) == value(b):
+                    continue
+                winner = a if value(a) < value(b) else b
+                out.append(_Question(
+                    template.format(a=name(a), b=name(b)), aliases(winner), [a.key, b.key],
+                    [sub.format(x=name(a)), sub.format(x=name(b))], "comparison"))
+        return out
+
+    def yes_no(self, pool: dict[str, list[Any]], limit: int) -> list[_Question]:
+        """Same-X questions over pairs (same-group pairs are added on purpose, or 'yes' would be
+        rare) and "Did D direct F?" asked once truthfully and once about another director."""
+        out: list[_Question] = []
+        for a, b in self._pairs_with_matches(pool["person"], lambda p: p.city, limit):
+            out.append(_Question(
+                f"Were {a.name} and {b.name} born in the same city?",
+                ["yes" if a.city == b.city else "no"],
+                [a.key, b.key], [f"Where was {a.name} born?", f"Where was {b.name} born?"],
+                "yes_no"))
+        for a, b in self._pairs_with_matches(pool["city"], lambda c: c.country, limit):
+            out.append(_Question(
+                f"Are {a.name} and {b.name} in the same country?",
+                ["yes" if a.country == b.country else "no"], [a.key, b.key],
+                [f"Which country is {a.name} in?", f"Which country is {b.name} in?"], "yes_no"))
+        for a, b in self._pairs_with_matches(pool["film"], lambda f: f.director, limit):
+            out.append(_Question(
+                f"Were {a.title} and {b.title} directed by the same person?",
+                ["yes" if a.director == b.director else "no"], [a.key, b.key],
+                [f"Who directed {a.title}?", f"Who directed {b.title}?"], "yes_no"))
+        directors = [p for p in self.b.people if p.films]
+        for f in pool["film"]:
+            others = [p for p in directors if p.name != f.director]
+            candidates = [(self.person[f.director], "yes")]
+            if others:
+                candidates.append((self.rng.choice(others), "no"))
+            for candidate, answer in candidates:
+                out.append(_Question(
+                    f"Did {candidate.name} direct {f.title}?", [answer], [f.key],
+                    [f"Who directed {f.title}?"], "yes_no"))
+        return out
+
+    def _pairs_with_matches(
+        self, items: list[Any], group: Callable[[Any], str], limit: int
+    ) -> list[tuple[Any, Any]]:
+        """Every pair that shares ``group`` plus up to ``limit`` random pairs."""
+        by_group: dict[str, list[Any]] = {}
+        for item in items:
+            by_group.setdefault(group(item), []).append(item)
+        matches = [
+            (members[i], members[j])
+            for members in by_group.values()
+            for i in range(len(members))
+            for j in range(i + 1, len(members))
+        ]
+        return matches + self._pairs(items, limit)
+
+    def _pairs(self, items: list[Any], limit: int) -> list[tuple[Any, Any]]:
+        """Up to ``limit`` distinct unordered pairs, drawn at random without replacement."""
+        n = len(items)
+        total = n * (n - 1) // 2
+        if total == 0:
+            return []
+        if total <= limit:
+            pairs = [(items[i], items[j]) for i in range(n) for j in range(i + 1, n)]
+            self.rng.shuffle(pairs)
+            return pairs
+        chosen: set[tuple[int, int]] = set()
+        while len(chosen) < limit:
+            i, j = sorted(self.rng.sample(range(n), 2))
+            chosen.add((i, j))
+        return [(items[i], items[j]) for i, j in sorted(chosen)]
+
+    def _country_aliases(self, name: str) -> list[str]:
+        return [name, f"Republic of {name}"]
+
+
+def _balance_yes_no(questions: list[_Question], rng: random.Random) -> list[_Question]:
+    """Keeps equal numbers of yes and no answers (pairs are mostly 'no' by chance)."""
+    yes = [q for q in questions if q.answers == ["yes"]]
+    no = [q for q in questions if q.answers == ["no"]]
+    rng.shuffle(yes)
+    rng.shuffle(no)
+    n = min(len(yes), len(no))
+    balanced = yes[:n] + no[:n]
+    rng.shuffle(balanced)
+    return balanced
+
+
+def _split_pools(builder: _Builder, sizes: dict[str, int],
+                 rng: random.Random) -> dict[str, dict[str, list[Any]]]:
+    """Partitions every kind of entity among the splits in proportion to their question counts."""
+    total = sum(sizes.values())
+    pools: dict[str, dict[str, list[Any]]] = {s: {} for s in SPLITS}
+    kinds = {
+        "country": builder.countries, "city": builder.cities, "person": builder.people,
+        "company": builder.companies, "film": builder.films,
+    }
+    for kind, items in kinds.items():
+        shuffled = list(items)
+        rng.shuffle(shuffled)
+        start = 0
+        for i, split in enumerate(SPLITS):
+            if i == len(SPLITS) - 1:
+                end = len(shuffled)
+            else:
+                end = start + round(len(shuffled) * sizes[split] / total)
+                if sizes[split] > 0:
+                    end = max(end, start + 1)
+            pools[split][kind] = shuffled[start:end]
+            start = end
+    return pools
+
+
+def _type_targets(n: int) -> dict[str, int]:
+    targets = {t: int(n * share) for t, share in TYPE_MIX.items()}
+    remainder = n - sum(targets.values())
+    for t in QUESTION_TYPES[:remainder]:
+        targets[t] += 1
+    return targets
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------
+
+
+def generate_demo_world(config: DemoWorldConfig | None = None) -> DemoWorld:
+    """Builds the corpus and the question splits in memory (nothing is written).
+
+    Raises :class:`DemoWorldError` for invalid sizes, including asking for more questions of a
+    split than its pool of entities can make.
+    """
+    config = config or DemoWorldConfig()
+    config.validate()
+    builder = _Builder(config)
+    passages = builder.entity_passages() + builder.distractor_passages()
+    builder.rng.shuffle(passages)
+    width = max(5, len(str(len(passages))))
+    corpus = [
+        {"id": f"p{i:0{width}d}", "title": title, "text": text}
+        for i, (_, title, text) in enumerate(passages)
+    ]
+    key_to_id = {key: corpus[i]["id"] for i, (key, _, _) in enumerate(passages)}
+
+    sizes = config.split_sizes()
+    q_rng = random.Random(config.seed * 7919 + 1)
+    pools = _split_pools(builder, sizes, q_rng)
+    maker = _QuestionMaker(builder, q_rng)
+    splits: dict[str, list[dict[str, Any]]] = {}
+    capacity: dict[str, dict[str, int]] = {}
+    seen_questions: set[str] = set()
+    for split in SPLITS:
+        n = sizes[split]
+        targets = _type_targets(n)
+        pair_limit = max(4 * n, 50)
+        candidates = {
+            "one_hop": maker.one_hop(pools[split]),
+            "bridge": maker.bridge(pools[split]),
+            "comparison": maker.comparison(pools[split], pair_limit),
+            "yes_no": _balance_yes_no(maker.yes_no(pools[split], pair_limit), q_rng),
+        }
+        capacity[split] = {}
+        chosen: list[_Question] = []
+        for qtype in QUESTION_TYPES:
+            unique = _dedupe(candidates[qtype], seen_questions)
+            capacity[split][qtype] = len(unique)
+            if targets[qtype] > len(unique):
+                raise DemoWorldError(
+                    f"a world of {config.n_passages} passages can make at most {len(unique)} "
+                    f"{qtype} questions for the {split} split, but {targets[qtype]} are needed "
+                    f"for n_{split}={n}; ask for fewer questions or more passages"
+                )
+            q_rng.shuffle(unique)
+            picked = unique[: targets[qtype]]
+            seen_questions.update(q.question for q in picked)
+            chosen.extend(picked)
+        q_rng.shuffle(chosen)
+        splits[split] = [
+            {
+                "id": f"{split}-{i:05d}",
+                "question": q.question,
+                "answers": list(dict.fromkeys(q.answers)),
+                "supporting_ids": [key_to_id[k] for k in q.keys],
+                "decomposition": q.decomposition,
+                "type": q.type,
+            }
+            for i, q in enumerate(chosen)
+        ]
+    stats = {
+        "passages": len(corpus),
+        "distractor_passages": builder.n_distractors,
+        "entities": {
+            "country": len(builder.countries), "city": len(builder.cities),
+            "person": len(builder.people), "company": len(builder.companies),
+            "film": len(builder.films),
+        },
+        "questions": {s: len(v) for s, v in splits.items()},
+        "question_types": {
+            s: {t: sum(q["type"] == t for q in v) for t in QUESTION_TYPES}
+            for s, v in splits.items()
+        },
+        "capacity": capacity,
+    }
+    return DemoWorld(config=config, corpus=corpus, splits=splits, stats=stats)
+
+
+def _dedupe(questions: list[_Question], seen: set[str]) -> list[_Question]:
+    out: dict[str, _Question] = {}
+    for q in questions:
+        if q.question not in seen and q.question not in out:
+            out[q.question] = q
+    return list(out.values())
+
+
+def write_demo_world(world: DemoWorld, out_dir: str | Path) -> dict[str, Path]:
+    """Writes ``corpus.jsonl``, one ``<split>.jsonl`` per split and ``world.json`` atomically.
+
+    The folder is replaced as a whole, so readers never see a mix of two worlds.
+    """
+    out = Path(out_dir)
+    with atomic_dir(out) as tmp:
+        atomic_write_jsonl(tmp / "corpus.jsonl", world.corpus)
+        for split, records in world.splits.items():
+            atomic_write_jsonl(tmp / f"{split}.jsonl", records)
+        atomic_write_json(tmp / "world.json", {"config": asdict(world.config), **world.stats})
+    files = {"corpus": out / "corpus.jsonl", "world": out / "world.json"}
+    files.update({split: out / f"{split}.jsonl" for split in world.splits})
+    return files

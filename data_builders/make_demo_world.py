@@ -1,0 +1,11 @@
+"""Generate the demo world (corpus + QA splits). Same as `mmoa-cli data demo-world`.
+
+Example: python data_builders/make_demo_world.py --out data/demo --n-passages 2000 --seed 42
+"""
+
+import sys
+
+from mmoa.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["data", "demo-world", *sys.argv[1:]]))
