@@ -73,9 +73,10 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         raise ApiError(400, "empty request body; expected a JSON object")
     try:
-        body = json.loads(raw)
+        body = json.loads(raw.decode("utf-8-sig"))
     except UnicodeDecodeError as err:
-        raise ApiError(400, f"request body is not UTF-8 ({err.reason})") from err
+        raise ApiError(400, f"request body is not UTF-8 ({err.reason} at byte {err.start})"
+                       ) from err
     except json.JSONDecodeError as err:
         raise ApiError(400, f"request body is not valid JSON: {err.msg} at line {err.lineno} "
                             f"column {err.colno}") from err
