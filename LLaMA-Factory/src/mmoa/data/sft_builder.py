@@ -47,14 +47,15 @@ from mmoa.fileio import DataFormatError, atomic_path, atomic_write_jsonl
 LabelSource = Literal["heuristic", "supporting"]
 
 #: Function words that say nothing about whether a document holds the answer.
-STOP_WORDS = frozenset("""
+_STOP_WORDS_TEXT = """
 a an the and or but if then else of at by for with about against between into through during
 before after above below to from up down in out on off over under again further once here there
 when where why how all any both each few more most other some such no nor not only own same so
 than too very can will just should now is are was were be been being have has had having do does
 did doing i me my we our you your he him his she her it its they them their what which who whom
 this that these those am as until while also
-""".split())
+"""
+STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 
 _PUNCT = re.compile(f"[{re.escape(string.punctuation)}]")
 ALPACA_COLUMNS = {"prompt": "instruction", "query": "input", "response": "output",
