@@ -1,0 +1,70 @@
+"""``mmoa-cli train CONFIG [key=value ...]``: our stage ``mappo``, LLaMA-Factory for the rest.
+
+For every stage other than ``mappo`` the command hands its arguments, unchanged, to
+``llamafactory-cli train``'s own entry point in this process, so SFT, DPO, reward modelling and
+the rest behave exactly as with ``llamafactory-cli`` (including its torchrun re-launch on several
+GPUs and its ``key=value`` overrides). Only the stage is read here, with the same OmegaConf
+semantics LLaMA-Factory uses.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+MAPPO_STAGE = "mappo"
+
+
+class TrainConfigError(ValueError):
+    """The config file or an override cannot be read."""
+
+
+def read_train_config(argv: Sequence[str]) -> dict[str, Any]:
+    """The merged config (file + ``key=value`` overrides) exactly as LLaMA-Factory reads it."""
+    from omegaconf import OmegaConf
+
+    if not argv:
+        raise TrainConfigError("usage: mmoa-cli train CONFIG.yaml [key=value ...]")
+    path = Path(argv[0])
+    if path.suffix not in (".yaml", ".yml", ".json"):
+        raise TrainConfigError(f"{path}: expected a .yaml, .yml or .json config file")
+    if not path.is_file():
+        raise TrainConfigError(f"{path}: config file not found")
+    try:
+        if path.suffix == ".json":
+            base = OmegaConf.create(json.loads(path.read_text(encoding="utf-8")))
+        else:
+            base = OmegaConf.load(path.absolute())
+        overrides = OmegaConf.from_cli(list(argv[1:]))
+        merged = OmegaConf.to_container(OmegaConf.merge(base, overrides))
+    except Exception as err:  # OmegaConf raises several unrelated types
+        raise TrainConfigError(f"{path}: cannot read the config ({err})") from err
+    if not isinstance(merged, dict):
+        raise TrainConfigError(f"{path}: the config must be a mapping of keys to values")
+    return merged
+
+
+def run_train(argv: Sequence[str]) -> int:
+    config = read_train_config(argv)
+    stage = config.get("stage", "sft")
+    if stage == MAPPO_STAGE:
+        from mmoa.train.mappo.workflow import run_mappo_from_config
+
+        return run_mappo_from_config(config)
+    return _run_llamafactory_train(argv)
+
+
+def _run_llamafactory_train(argv: Sequence[str]) -> int:
+    """``llamafactory-cli train ARGV`` in this process (it reads ``sys.argv`` itself)."""
+    from llamafactory.cli import main as llamafactory_main
+
+    saved = sys.argv
+    sys.argv = ["llamafactory-cli", "train", *argv]
+    try:
+        llamafactory_main()
+    finally:
+        sys.argv = saved
+    return 0
