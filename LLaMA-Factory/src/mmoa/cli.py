@@ -257,6 +257,23 @@ def _add_train_command(commands: argparse._SubParsersAction) -> None:
     train.set_defaults(handler=_cmd_train)
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from mmoa.train.launcher import run_llamafactory
+
+    return run_llamafactory("export", [args.config, *args.overrides])
+
+
+def _add_export_command(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser(
+        "export",
+        help="merge a LoRA adapter into its base model (llamafactory-cli export)",
+        epilog="example: mmoa-cli export LLaMA-Factory/examples/real/llama3_lora_sft_merge.yaml",
+    )
+    export.add_argument("config", help="YAML config with model, adapter and export_dir")
+    export.add_argument("overrides", nargs="*", help="key=value overrides")
+    export.set_defaults(handler=_cmd_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mmoa-cli",
@@ -271,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     version = commands.add_parser("version", help="print the package version")
     version.set_defaults(handler=_cmd_version)
     _add_train_command(commands)
+    _add_export_command(commands)
     _add_data_commands(commands)
     _add_eval_command(commands)
     return parser

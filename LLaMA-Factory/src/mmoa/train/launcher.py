@@ -54,15 +54,15 @@ def run_train(argv: Sequence[str]) -> int:
         from mmoa.train.mappo.workflow import run_mappo_from_config
 
         return run_mappo_from_config(config)
-    return _run_llamafactory_train(argv)
+    return run_llamafactory("train", argv)
 
 
-def _run_llamafactory_train(argv: Sequence[str]) -> int:
-    """``llamafactory-cli train ARGV`` in this process (it reads ``sys.argv`` itself)."""
+def run_llamafactory(command: str, argv: Sequence[str]) -> int:
+    """``llamafactory-cli COMMAND ARGV`` in this process (it reads ``sys.argv`` itself)."""
     from llamafactory.cli import main as llamafactory_main
 
     saved = sys.argv
-    sys.argv = ["llamafactory-cli", "train", *argv]
+    sys.argv = ["llamafactory-cli", command, *argv]
     try:
         llamafactory_main()
     finally:
