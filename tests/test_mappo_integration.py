@@ -108,3 +108,28 @@ def test_dataset_without_answers_is_refused(tmp_path: Path, tiny_server_url: str
                      dataset="noanswers")
     assert run_mappo_from_config(config) == 1
     assert "answers" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_processes_under_torchrun(tiny_model_dir: Path, mappo_data: Path,
+                                      tiny_server_url: str, tmp_path: Path) -> None:
+    """FORCE_TORCHRUN=1 runs one process per rank (gloo on CPU); DDP keeps the weights equal
+    and the logged metrics are the mean over both ranks' questions."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    out = tmp_path / "ddp"
+    config = _config(tiny_model_dir, mappo_data, tiny_server_url, out, max_steps=1,
+                     save_steps=1)
+    (tmp_path / "ddp.yaml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, "FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2"}
+    result = subprocess.run([sys.executable, "-m", "mmoa.cli", "train",
+                             str(tmp_path / "ddp.yaml")], env=env, capture_output=True,
+                            text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "launching 2 MAPPO processes" in result.stdout
+    assert (out / "checkpoint-1" / "model.safetensors").is_file()
+    assert len(_log(out)) == 1

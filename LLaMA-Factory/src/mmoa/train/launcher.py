@@ -10,6 +10,9 @@ semantics LLaMA-Factory uses.
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,10 +54,46 @@ def run_train(argv: Sequence[str]) -> int:
     config = read_train_config(argv)
     stage = config.get("stage", "sft")
     if stage == MAPPO_STAGE:
+        if _wants_torchrun():
+            return _relaunch_with_torchrun(argv)
         from mmoa.train.mappo.workflow import run_mappo_from_config
 
         return run_mappo_from_config(config)
     return run_llamafactory("train", argv)
+
+
+def _wants_torchrun() -> bool:
+    """LLaMA-Factory's rule: ``FORCE_TORCHRUN=1`` or more than one GPU, unless already launched."""
+    if "LOCAL_RANK" in os.environ:
+        return False
+    if os.environ.get("FORCE_TORCHRUN", "0").lower() in ("1", "true", "y"):
+        return True
+    import torch
+
+    return torch.cuda.device_count() > 1
+
+
+def _relaunch_with_torchrun(argv: Sequence[str]) -> int:
+    """One process per GPU (``NPROC_PER_NODE``, default: all visible GPUs), each rolling out its
+    own questions against the one retrieval server; gradients are reduced by DDP."""
+    import torch
+
+    nproc = os.environ.get("NPROC_PER_NODE") or str(max(torch.cuda.device_count(), 1))
+    port = os.environ.get("MASTER_PORT") or str(_free_port())
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", os.environ.get("NNODES", "1"),
+        "--node_rank", os.environ.get("NODE_RANK", "0"), "--nproc_per_node", nproc,
+        "--master_addr", os.environ.get("MASTER_ADDR", "127.0.0.1"), "--master_port", port,
+        "-m", "mmoa.cli", "train", *argv,
+    ]
+    print(f"[mmoa] launching {nproc} MAPPO processes with torchrun", flush=True)
+    return subprocess.run(command, check=False).returncode
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def run_llamafactory(command: str, argv: Sequence[str]) -> int:

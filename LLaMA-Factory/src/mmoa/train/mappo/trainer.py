@@ -294,8 +294,18 @@ class MappoTrainer(Trainer):
             "time/rollout": t1 - t0,
             "time/step": t3 - t0,
         })
-        self._last_learner = learner
+        logs = self._mean_over_processes(logs)
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in logs.items()}
+
+    def _mean_over_processes(self, logs: dict[str, float]) -> dict[str, float]:
+        """Every process rolled out its own questions: log the mean over all of them."""
+        if self.args.world_size <= 1:
+            return logs
+        keys = sorted(logs)
+        values = torch.tensor([float(logs[k]) for k in keys], dtype=torch.float64,
+                              device=self.accelerator.device)
+        values = self.accelerator.reduce(values, reduction="mean")
+        return dict(zip(keys, values.tolist(), strict=True))
 
     def _pad_id(self) -> int:
         tokenizer = self.processing_class
