@@ -63,6 +63,22 @@ def run_mappo_from_config(config: dict[str, Any]) -> int:
 def run_mappo(config: dict[str, Any], callbacks: list[Any] | None = None) -> None:
     import torch
     from llamafactory.extras.ploting import plot_loss
+
+    trainer, training_args, finetuning_args = build_mappo_trainer(config, callbacks)
+    torch.manual_seed(training_args.seed)
+    trainer.mappo_train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    if trainer.is_world_process_zero():
+        output = Path(training_args.output_dir)
+        output.mkdir(parents=True, exist_ok=True)
+        trainer.save_policy(output)
+        trainer.state.save_to_json(str(output / "trainer_state.json"))
+        if finetuning_args.plot_loss:
+            plot_loss(str(output), keys=PLOT_KEYS)
+
+
+def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = None
+                        ) -> tuple[Any, Any, Any]:
+    """``(trainer, training_args, finetuning_args)`` with every check done and models loaded."""
     from llamafactory.hparams import get_train_args
     from llamafactory.model import load_model, load_tokenizer
     from llamafactory.train.callbacks import LogCallback
@@ -104,12 +120,4 @@ def run_mappo(config: dict[str, Any], callbacks: list[Any] | None = None) -> Non
         whiten_rewards=finetuning_args.ppo_whiten_rewards,
         callbacks=[LogCallback(), *(callbacks or [])],
     )
-    torch.manual_seed(training_args.seed)
-    trainer.mappo_train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    if trainer.is_world_process_zero():
-        output = Path(training_args.output_dir)
-        output.mkdir(parents=True, exist_ok=True)
-        trainer.save_policy(output)
-        trainer.state.save_to_json(str(output / "trainer_state.json"))
-        if finetuning_args.plot_loss:
-            plot_loss(str(output), keys=PLOT_KEYS)
+    return trainer, training_args, finetuning_args
