@@ -93,6 +93,13 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
     model_args, data_args, training_args, finetuning_args, _ = get_train_args(rest)
     if not data_args.dataset:
         raise ValueError("the mappo stage needs `dataset` (a MAPPO prompt set)")
+    if training_args.deepspeed:
+        # Rollouts generate with the full weights on every rank; under ZeRO-3 that needs a
+        # parameter gather per generate call, which this stage does not do yet.
+        raise ValueError(
+            "the mappo stage does not support `deepspeed` yet: run it with DDP (torchrun, "
+            "FORCE_TORCHRUN=1) and LoRA; the ZeRO configs in LLaMA-Factory/examples/deepspeed "
+            "apply to the SFT stage")
     records = load_mappo_records(",".join(data_args.dataset), data_args.dataset_dir,
                                  data_args.max_samples)
     retriever = check_retriever(mappo_args)
