@@ -187,11 +187,15 @@ def part_server(index: Path, questions: list[str], seconds: float, work: Path,
     extra = [flag, "--torch-threads", str(threads)]
     with server(index, extra, work / f"server_{name}.log") as address:
         load(address, 2, 1, questions, 1.0)  # warm-up
-        if micro_batching:
-            out["1_client_batch_64"] = load(address, 1, max_batch, questions, seconds)
-            out["1_client_single"] = load(address, 1, 1, questions, seconds)
-        out["16_clients_single"] = load(address, 16, 1, questions, seconds)
-        out["server_batching"] = health(address)["batching"]
+        runs = [("1_client_batch_64", 1, max_batch), ("1_client_single", 1, 1)] \
+            if micro_batching else []
+        for key, clients, batch in [*runs, ("16_clients_single", 16, 1)]:
+            before = health(address)["batching"]
+            out[key] = load(address, clients, batch, questions, seconds)
+            after = health(address)["batching"]
+            batches = after["batches"] - before["batches"]
+            out[key]["server_mean_batch_queries"] = round(
+                (after["queries"] - before["queries"]) / max(batches, 1), 2)
     return out
 
 
@@ -214,6 +218,7 @@ def part_scaling(n_vectors: int, n_queries: int, dim: int, ivf: str, seed: int =
                (ivf, "nprobe", [16, 64])]
     rows: list[dict[str, Any]] = []
     truth = None
+    score_at_rank: dict[str, float] = {}
     n_single = 50
     for factory, param, values in configs:
         index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
@@ -238,6 +243,9 @@ def part_scaling(n_vectors: int, n_queries: int, dim: int, ivf: str, seed: int =
             single_s = (time.perf_counter() - t0) / n_single
             if truth is None:
                 truth = ids
+                top, _ = index.search(queries, 100)
+                score_at_rank = {str(r): round(float(top[:, r - 1].mean()), 4)
+                                 for r in (1, 10, 100)}
             recall = float(np.mean([len(set(a) & set(b)) / 10
                                     for a, b in zip(ids, truth, strict=True)]))
             row = {"index": factory, "search_param": f"{param}={value}" if param else "-",
@@ -250,6 +258,7 @@ def part_scaling(n_vectors: int, n_queries: int, dim: int, ivf: str, seed: int =
         del index
     return {"n_vectors": n_vectors, "dim": dim, "n_queries": n_queries, "k": 10,
             "data": "random unit vectors (Gaussian, normalised)",
+            "flat_mean_score_at_rank": score_at_rank,
             "faiss_threads": faiss.omp_get_max_threads(), "rows": rows}
 
 
@@ -268,19 +277,18 @@ def table(results: dict[str, Any]) -> str:
                         ("naive", "(c) server, micro-batching off")):
         rows = results.get(part, {})
         if rows:
-            lines.append(f"{title:<34}  queries/s   p50 ms   p99 ms")
+            lines.append(f"{title:<34}  queries/s   p50 ms   p99 ms  mean batch")
             for key, row in rows.items():
-                if key == "server_batching":
-                    continue
                 lines.append(f"    {key:<30}{row['queries_per_s']:>10}{row['p50_ms']:>9}"
-                             f"{row['p99_ms']:>9}")
+                             f"{row['p99_ms']:>9}{row['server_mean_batch_queries']:>12}")
     ratios = results.get("ratios", {})
     for key, value in ratios.items():
         lines.append(f"    {key}: {value}")
     d = results.get("scaling", {})
     if d:
         lines.append(f"(d) {d['n_vectors']} x {d['dim']} random vectors, {d['n_queries']} "
-                     f"queries, k=10, recall@10 against Flat")
+                     f"queries, k=10, recall@10 against Flat; mean Flat score at rank "
+                     f"1/10/100: {'/'.join(map(str, d['flat_mean_score_at_rank'].values()))}")
         lines.append("    index            search      build s  batch q/s  1-query ms  "
                      "memory MB  recall@10")
         for row in d["rows"]:
