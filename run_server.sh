@@ -15,5 +15,5 @@ PYTHON="${MMOA_PYTHON:-}"
 if [[ -z "$PYTHON" ]]; then
     if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
 fi
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 exec "$PYTHON" "$ROOT/flask_server.py" "$@"

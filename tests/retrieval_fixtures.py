@@ -19,11 +19,29 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 N_DEMO_PASSAGES = 400
 _CACHE: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def encoder_threads() -> Iterator[None]:
+    """Run the encoder with the server's thread policy (half the cores) during these tests.
+
+    Torch's default (all cores) collapses when other jobs share the CPU (see
+    ``mmoa.retrieval.encoder.default_cpu_threads``); restored afterwards for other modules.
+    """
+    import torch
+
+    from mmoa.retrieval.encoder import default_cpu_threads
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(default_cpu_threads())
+    yield
+    torch.set_num_threads(before)
 
 
 def demo_corpus(base: Path) -> Path:

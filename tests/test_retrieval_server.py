@@ -26,6 +26,7 @@ from tests.retrieval_fixtures import (
     demo_index,
     demo_questions,
     demo_retriever,
+    encoder_threads,  # noqa: F401  (autouse, module-wide)
     free_port,
     run_launcher,
 )
@@ -171,7 +172,7 @@ def test_32_concurrent_clients_all_get_correct_answers(server: ServerProcess,
         try:
             for j in range(30):
                 start = (index * 30 + j) % len(questions)
-                batch = questions[start:start + 1 + (j % 3)]
+                batch = questions[start:start + 1 + (j % 2)]
                 k = 3 if (index + j) % 2 else 5
                 got = local.search(batch, n=k)
                 for q, docs in zip(batch, got, strict=True):
@@ -293,6 +294,13 @@ def test_client_names_the_url_when_unreachable() -> None:
     with pytest.raises(RetrieverUnavailableError) as info:
         client.search(["anything"])
     assert url in str(info.value) and "3 attempt" in str(info.value)
+
+
+def test_client_waits_until_ready(server: ServerProcess) -> None:
+    assert RetrievalClient(server.url).wait_until_ready(timeout=10)["status"] == "ok"
+    dead = RetrievalClient(f"http://127.0.0.1:{free_port()}", timeout=1)
+    with pytest.raises(RetrieverUnavailableError, match="not ready after 1 s"):
+        dead.wait_until_ready(timeout=1, interval=0.1)
 
 
 def test_client_rejects_bad_urls() -> None:

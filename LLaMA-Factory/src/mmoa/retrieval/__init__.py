@@ -1,1 +1,18 @@
-"""Dense retrieval: encoder, Faiss index, memory-mapped corpus store, Flask app and HTTP client."""
+"""Dense retrieval: encoder, Faiss index, memory-mapped corpus store, Flask app and HTTP client.
+
+One server process holds one index and answers every trainer process (the original system ran
+eight copies of a 65 GB index behind Flask's development server). Modules, each with one job:
+
+* ``corpus``  - readers for JSONL / FlashRAG JSONL / DPR TSV and the memory-mapped Arrow store;
+* ``encoder`` - :class:`~mmoa.retrieval.encoder.Encoder` over ``transformers.AutoModel``
+  (mean/CLS pooling, L2 normalisation, e5-style prefixes) and named presets;
+* ``index``   - the index folder (``index.faiss``, ``corpus/``, ``meta.json``), its validation
+  and the in-process :class:`~mmoa.retrieval.index.Retriever`;
+* ``builder`` - ``data_builders/build_index.py``: corpus file -> index folder, atomically;
+* ``batcher`` - dynamic micro-batching of concurrent requests (and the unbatched baseline);
+* ``app``     - the Flask app: ``POST /search``, ``POST /retrieve``, ``GET /health``;
+* ``server``  - the gunicorn launcher behind ``flask_server.py`` and ``run_server.sh``;
+* ``client``  - :class:`~mmoa.retrieval.client.RetrievalClient` with time-outs and retries.
+
+Nothing is imported here, so ``import mmoa.retrieval.client`` stays light (no torch, no faiss).
+"""

@@ -20,6 +20,7 @@ import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -112,6 +113,8 @@ class _Pending:
 
 
 _STOP = object()
+#: How many past batches set the number of requests a new batch waits for.
+RECENT_BATCHES = 16
 
 
 class MicroBatcher:
@@ -130,6 +133,8 @@ class MicroBatcher:
         self._owner_pid: int | None = None
         self._start_lock = threading.Lock()
         self._closed = False
+        #: Requests per batch of the last batches: the concurrency the batcher expects.
+        self._recent: deque[int] = deque(maxlen=RECENT_BATCHES)
         self.stats = BatchStats()
 
     def _ensure_running(self) -> None:
@@ -169,15 +174,24 @@ class MicroBatcher:
     # ---------------------------------------------------------------- background thread
 
     def _collect(self, first: _Pending) -> tuple[list[_Pending], Any]:
-        """The batch led by ``first``, and the item that did not fit (or None)."""
+        """The batch led by ``first``, and the item that did not fit (or None).
+
+        Everything already queued joins at once. Beyond that the batch is held open - for at
+        most ``max_wait_ms`` - only until it has as many requests as the busiest recent batch:
+        with N clients in lock-step the N-th request is known to be on its way, with a single
+        client nothing is expected and nothing waits.
+        """
         batch, n = [first], len(first.queries)
-        deadline = first.enqueued + self.config.max_wait_ms / 1000.0
+        expected = max(self._recent, default=1)
+        deadline = time.monotonic() + self.config.max_wait_ms / 1000.0
         limit = self.config.max_batch_queries
         while n < limit:
             remaining = deadline - time.monotonic()
             try:
-                item = self._queue.get(timeout=remaining) if remaining > 0 else \
-                    self._queue.get_nowait()
+                if len(batch) < expected and remaining > 0:
+                    item = self._queue.get(timeout=remaining)
+                else:
+                    item = self._queue.get_nowait()
             except queue.Empty:
                 break
             if item is _STOP or n + len(item.queries) > limit:
@@ -195,6 +209,7 @@ class MicroBatcher:
                 return
             batch, carry = self._collect(first)
             live = [item for item in batch if item.future.set_running_or_notify_cancel()]
+            self._recent.append(len(batch))
             if not live:
                 continue
             started = time.perf_counter()

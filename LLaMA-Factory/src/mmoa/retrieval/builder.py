@@ -69,6 +69,8 @@ def build_index(config: BuildConfig) -> IndexMeta:
         encoder = Encoder(config.encoder)
         index = make_index(config.factory, encoder.dim)
         train_n = 0
+        bar = tqdm(total=len(store), desc=f"encode+add ({config.factory})", unit=" passages",
+                   disable=not config.progress)
         if not index.is_trained:
             train_n = min(config.train_size, len(store))
             sample = store.sample(train_n, seed=config.seed)
@@ -82,12 +84,14 @@ def build_index(config: BuildConfig) -> IndexMeta:
                     f"{str(err).splitlines()[-1]} (use a smaller IVF list count or a larger "
                     f"--train-size / corpus)"
                 ) from err
+            if train_n == len(store):  # the sample is the corpus, in row order: reuse it
+                index.add(vectors)
+                bar.update(len(store))
             del vectors, sample
-        bar = tqdm(total=len(store), desc=f"encode+add ({config.factory})", unit=" passages",
-                   disable=not config.progress)
-        for _, passages in store.iter_batches(config.chunk_size):
-            index.add(encoder.encode_passages([p.encoder_text for p in passages]))
-            bar.update(len(passages))
+        if index.ntotal == 0:
+            for _, passages in store.iter_batches(config.chunk_size):
+                index.add(encoder.encode_passages([p.encoder_text for p in passages]))
+                bar.update(len(passages))
         bar.close()
         faiss.write_index(index, str(tmp / INDEX_FILE))
         meta = IndexMeta(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -70,6 +71,18 @@ def preset(name: str, **overrides: Any) -> EncoderConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown encoder preset {name!r}; expected one of {sorted(PRESETS)}")
     return PRESETS[name].with_overrides(**overrides)
+
+
+def default_cpu_threads() -> int:
+    """Torch CPU threads for a query encoder that shares the machine: half the cores.
+
+    A server's encoder shares the CPU with request threads, the Faiss search and usually a
+    trainer. Torch's OpenMP threads spin-wait at every one of the hundreds of barriers of a
+    forward pass; when any of them is descheduled the whole pass stalls. Measured on a 2-core
+    machine under load: 2 threads gave 2 queries/s at batch 1, 1 thread 70 (see
+    docs/retrieval.md). Half the cores keeps the barrier threads on free cores.
+    """
+    return max(1, (os.cpu_count() or 2) // 2)
 
 
 def resolve_model_path(model: str) -> Path:

@@ -32,6 +32,7 @@ from typing import Any
 
 from mmoa.retrieval.app import AppConfig, ServerLimits, create_app
 from mmoa.retrieval.batcher import BatcherConfig, make_scheduler
+from mmoa.retrieval.encoder import default_cpu_threads
 from mmoa.retrieval.index import (
     FaissOptions,
     IndexLoadError,
@@ -129,7 +130,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     enc.add_argument("--device", default=None, help="auto (GPU when present), cpu, cuda:0")
     enc.add_argument("--fp16", action="store_true", help="half-precision encoder on GPU")
     enc.add_argument("--torch-threads", type=int, default=None,
-                     help="CPU threads for the encoder (default: torch's choice)")
+                     help="CPU threads of the encoder (default: half the cores)")
 
     fa = parser.add_argument_group("faiss")
     fa.add_argument("--faiss-gpu", choices=("auto", "on", "off"), default="auto",
@@ -219,10 +220,9 @@ def build_wsgi_app(config: ServerConfig) -> Any:
                         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: "
                                "%(message)s")
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # CPU-feature probing noise
-    if config.torch_threads:
-        import torch
+    import torch
 
-        torch.set_num_threads(config.torch_threads)
+    torch.set_num_threads(config.torch_threads or default_cpu_threads())
     retriever = Retriever.load(config.index, faiss_options=config.faiss,
                                verify_corpus=False, model=config.encoder_model,
                                **config.encoder_runtime)
@@ -294,6 +294,10 @@ def _is_loopback(host: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # OpenMP threads that sleep instead of spinning when idle: the encoder's and Faiss's
+    # thread pools take turns in one process and share the CPU with request threads. Set
+    # before the worker (forked later) first loads an OpenMP runtime.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_arg_parser()
     config = config_from_args(parser.parse_args(argv), parser)
     try:
