@@ -53,6 +53,10 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def _peak_gpu_mb() -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
+
+
 def _rss_mb() -> float:
     return psutil.Process(os.getpid()).memory_info().rss / 2**20
 
@@ -82,10 +86,13 @@ def run_mappo_steps(args: argparse.Namespace) -> tuple[list[dict], list, object]
             if step == 0:
                 continue
             generate = timings["qr"] + timings["selector"] + timings["generator"]
+            # The baseline runs right after, on the same samples, so both see the same machine.
+            baseline = baseline_seconds(trainer, [step_samples], args.ppo_epochs,
+                                        args.mini_batch)[0]
             logs.append({"step": t3 - start, "generate": generate,
                          "retrieve": timings["retrieve"],
                          "rollout_other": (t1 - start) - generate - timings["retrieve"],
-                         "score": t2 - t1, "update": t3 - t2})
+                         "score": t2 - t1, "update": t3 - t2, "baseline": baseline})
             samples.append(step_samples)
         return logs, samples, trainer
 
@@ -134,14 +141,21 @@ def baseline_seconds(trainer, samples_per_step: list, ppo_epochs: int, mini_batc
 
 
 def reference_memory(args: argparse.Namespace) -> dict:
-    """Resident memory of the policy with the adapter-disabled reference vs a second copy."""
+    """Resident memory of the policy with the adapter-disabled reference vs a second copy.
+
+    The copy is made with ``deepcopy`` so its weights are really allocated (two
+    ``from_pretrained`` calls could share the memory-mapped safetensors pages)."""
+    import copy
+
     from transformers import AutoModelForCausalLM
 
     gc.collect()
     before = _rss_mb()
     policy = AutoModelForCausalLM.from_pretrained(args.model)
+    policy = copy.deepcopy(policy)  # materialise the weights (no mmap-shared pages)
+    gc.collect()
     with_adapter_reference = _rss_mb() - before
-    reference = AutoModelForCausalLM.from_pretrained(args.model)
+    reference = copy.deepcopy(policy)
     with_copy = _rss_mb() - before
     param_mb = sum(p.numel() * p.element_size() for p in reference.parameters()) / 2**20
     del policy, reference
@@ -166,10 +180,9 @@ def main() -> None:
     args = parser.parse_args()
 
     memory = reference_memory(args)
-    logs, samples, trainer = run_mappo_steps(args)
-    base = baseline_seconds(trainer, samples, args.ppo_epochs, args.mini_batch)
+    logs, samples, _ = run_mappo_steps(args)
     mean = {k: sum(log[k] for log in logs) / len(logs) for k in logs[0]}
-    baseline = sum(base) / len(base)
+    baseline = mean.pop("baseline")
     result = {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "threads": torch.get_num_threads(),
