@@ -47,6 +47,69 @@ def _cmd_demo_world(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_qa_from_args(args: argparse.Namespace):
+    from mmoa.data.loaders import load_qa
+    from mmoa.data.registry import resolve_dataset
+
+    if (args.dataset is None) == (args.data_file is None):
+        raise ValueError("give exactly one of --dataset (a registered name) or --data_file")
+    if args.dataset is not None:
+        path, fmt = resolve_dataset(args.dataset, args.dataset_dir)
+    else:
+        path, fmt = args.data_file, args.data_format
+    return load_qa(path, fmt, max_samples=args.max_samples)
+
+
+def _cmd_sft_data(args: argparse.Namespace) -> int:
+    from mmoa.data.sft_builder import (
+        SFTBuildConfig,
+        build_sft_records,
+        load_rewrites,
+        write_sft_dataset,
+    )
+    from mmoa.retrieval.client import RetrievalClient
+
+    try:
+        records = _load_qa_from_args(args)
+        rewrites = load_rewrites(args.rewrites_file) if args.rewrites_file else {}
+        client = RetrievalClient(args.retriever_url, token=args.retriever_token)
+        client.health()
+        config = SFTBuildConfig(dataset_dir=args.dataset_dir, name=args.name, k=args.k,
+                                label_source=args.label_source, seed=args.seed)
+        sft_records, report = build_sft_records(records, client, config, rewrites)
+    except (ValueError, KeyError, FileNotFoundError, ConnectionError) as err:
+        print(f"mmoa-cli data sft: error: {err} (nothing was written)", file=sys.stderr)
+        return 2
+    write_sft_dataset(sft_records, config, report)
+    print("\n".join(report.lines()))
+    print(f"  registered as {args.name!r} in {args.dataset_dir}/dataset_info.json")
+    return 0
+
+
+def _cmd_mappo_data(args: argparse.Namespace) -> int:
+    from mmoa.data.sft_builder import write_mappo_dataset
+
+    try:
+        records = _load_qa_from_args(args)
+        path = write_mappo_dataset(records, args.dataset_dir, args.name)
+    except (ValueError, KeyError, FileNotFoundError) as err:
+        print(f"mmoa-cli data mappo: error: {err} (nothing was written)", file=sys.stderr)
+        return 2
+    print(f"MAPPO prompt set: {len(records)} questions -> {path}")
+    print(f"  registered as {args.name!r} in {args.dataset_dir}/dataset_info.json")
+    return 0
+
+
+def _add_qa_source_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data_file", help="a QA file (HotpotQA, 2Wiki, AmbigQA, FlashRAG, "
+                        "NQ-open or demo format)")
+    parser.add_argument("--data_format", default="auto", help="its format (default: detect)")
+    parser.add_argument("--dataset", help="or: a QA set registered in dataset_info.json")
+    parser.add_argument("--dataset_dir", default="data",
+                        help="folder of dataset_info.json, where the output goes (default data)")
+    parser.add_argument("--max_samples", type=int, help="use only the first N questions")
+
+
 def _add_data_commands(commands: argparse._SubParsersAction) -> None:
     data = commands.add_parser("data", help="build datasets (demo world, ...)")
     kinds = data.add_subparsers(dest="data_command", metavar="<dataset>", required=True)
@@ -67,6 +130,149 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
     demo.add_argument("--seed", type=int, default=42, help="random seed (default: 42)")
     demo.set_defaults(handler=_cmd_demo_world)
 
+    sft = kinds.add_parser(
+        "sft",
+        help="build the warm-start SFT data of all three agents (needs the retrieval server)",
+        description=(
+            "Build Alpaca SFT records for the Query Rewriter, the Selector and the Generator "
+            "from a training split, retrieving candidates from the live server, and register "
+            "them in dataset_info.json."
+        ),
+        epilog=(
+            "example: mmoa-cli data sft --data_file data/demo/train.jsonl --name demo_sft "
+            "--retriever_url http://127.0.0.1:8000"
+        ),
+    )
+    _add_qa_source_arguments(sft)
+    sft.add_argument("--name", default="demo_sft", help="dataset name to register")
+    sft.add_argument("--retriever_url", default="http://127.0.0.1:8000")
+    sft.add_argument("--retriever_token")
+    sft.add_argument("--rewrites_file", help="Rewrite-Retrieve-Read rewrites (source/target)")
+    sft.add_argument("--label_source", default="heuristic", choices=["heuristic", "supporting"],
+                     help="Selector labels: answer-word overlap (default) or gold passages")
+    sft.add_argument("--k", type=int, default=10, help="candidates per question (default 10)")
+    sft.add_argument("--seed", type=int, default=42, help="seed of the candidate shuffling")
+    sft.set_defaults(handler=_cmd_sft_data)
+
+    mappo = kinds.add_parser(
+        "mappo",
+        help="build the MAPPO prompt set (questions with every gold answer)",
+        epilog="example: mmoa-cli data mappo --data_file data/demo/train.jsonl --name demo_mappo",
+    )
+    _add_qa_source_arguments(mappo)
+    mappo.add_argument("--name", default="demo_mappo", help="dataset name to register")
+    mappo.set_defaults(handler=_cmd_mappo_data)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from mmoa.evaluation import EvalConfig, evaluate, format_table, load_metrics
+
+    if args.compare:
+        runs = [(str(path), load_metrics(path)) for path in args.compare]
+        print(format_table(runs))
+        return 0
+    if not args.model_name_or_path or not args.output_dir:
+        print("mmoa-cli eval: error: --model_name_or_path and --output_dir are required "
+              "(or use --compare)", file=sys.stderr)
+        return 2
+    fields = {k: v for k, v in vars(args).items()
+              if k in EvalConfig.__dataclass_fields__ and v is not None}
+    config = EvalConfig(**fields)
+    try:
+        config.validate()
+        metrics = evaluate(config)
+    except (ValueError, KeyError, FileNotFoundError, ConnectionError) as err:
+        print(f"mmoa-cli eval: error: {err}", file=sys.stderr)
+        return 2
+    print(format_table([(config.output_dir, metrics)]))
+    print(f"wrote {config.output_dir}/predictions.jsonl and {config.output_dir}/metrics.json")
+    return 0
+
+
+def _add_eval_command(commands: argparse._SubParsersAction) -> None:
+    from mmoa.agents.pipeline import MODES
+
+    ev = commands.add_parser(
+        "eval",
+        help="evaluate the pipeline (Acc / EM / F1 and per-agent statistics)",
+        description="Run the RAG pipeline greedily over a QA set and score it.",
+        epilog=(
+            "examples:\n"
+            "  mmoa-cli eval --model_name_or_path models/tiny-llama3 --template llama3 \\\n"
+            "      --data_file data/demo/test.jsonl --retriever_url http://127.0.0.1:8000 \\\n"
+            "      --mode qr_s_g --output_dir outputs/eval/untrained\n"
+            "  mmoa-cli eval --compare outputs/eval/untrained outputs/eval/sft"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ev.add_argument("--model_name_or_path", help="local model directory")
+    ev.add_argument("--adapter_name_or_path", help="optional LoRA adapter directory")
+    ev.add_argument("--template", default="llama3", help="LLaMA-Factory template (default llama3)")
+    ev.add_argument("--dataset", help="a name registered in <dataset_dir>/dataset_info.json")
+    ev.add_argument("--dataset_dir", default="data", help="folder of dataset_info.json")
+    ev.add_argument("--data_file", help="a QA file instead of --dataset")
+    ev.add_argument("--data_format", default="auto",
+                    help="hotpotqa, 2wiki, ambigqa, flashrag, nq_open, demo or auto (default)")
+    ev.add_argument("--retriever_url", default="http://127.0.0.1:8000")
+    ev.add_argument("--retriever_token", help="bearer token of the retrieval server")
+    ev.add_argument("--mode", default="qr_s_g", choices=MODES)
+    ev.add_argument("--k", type=int, default=10, help="number of candidate documents")
+    ev.add_argument("--batch_size", type=int, default=16)
+    ev.add_argument("--max_samples", type=int)
+    ev.add_argument("--normalizer", default="mmoa", choices=["mmoa", "squad"])
+    ev.add_argument("--output_dir", help="where predictions.jsonl and metrics.json go")
+    ev.add_argument("--compare", nargs="+", metavar="METRICS",
+                    help="print one table for several metrics.json files (or their folders)")
+    ev.set_defaults(handler=_cmd_eval)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from mmoa.train.launcher import TrainConfigError, run_train
+
+    try:
+        return run_train([args.config, *args.overrides])
+    except TrainConfigError as err:
+        print(f"mmoa-cli train: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _add_train_command(commands: argparse._SubParsersAction) -> None:
+    train = commands.add_parser(
+        "train",
+        help="train: stage mappo runs our MAPPO, every other stage runs llamafactory-cli train",
+        description=(
+            "Train from a LLaMA-Factory YAML/JSON config. 'stage: mappo' runs the multi-agent "
+            "PPO stage of this project; any other stage is exactly 'llamafactory-cli train'."
+        ),
+        epilog=(
+            "examples:\n"
+            "  mmoa-cli train LLaMA-Factory/examples/demo/tiny_full_sft.yaml\n"
+            "  mmoa-cli train LLaMA-Factory/examples/demo/tiny_full_sft.yaml "
+            "num_train_epochs=1 output_dir=saves/try"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("config", help="YAML or JSON config file")
+    train.add_argument("overrides", nargs="*", help="key=value overrides (as llamafactory-cli)")
+    train.set_defaults(handler=_cmd_train)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from mmoa.train.launcher import run_llamafactory
+
+    return run_llamafactory("export", [args.config, *args.overrides])
+
+
+def _add_export_command(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser(
+        "export",
+        help="merge a LoRA adapter into its base model (llamafactory-cli export)",
+        epilog="example: mmoa-cli export LLaMA-Factory/examples/real/llama3_lora_sft_merge.yaml",
+    )
+    export.add_argument("config", help="YAML config with model, adapter and export_dir")
+    export.add_argument("overrides", nargs="*", help="key=value overrides")
+    export.set_defaults(handler=_cmd_export)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -81,7 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="<command>")
     version = commands.add_parser("version", help="print the package version")
     version.set_defaults(handler=_cmd_version)
+    _add_train_command(commands)
+    _add_export_command(commands)
     _add_data_commands(commands)
+    _add_eval_command(commands)
     return parser
 
 

@@ -3,6 +3,10 @@
 All models and datasets are local directories, so hub access is never needed; switching it off
 up front turns an accidental hub id into an immediate, clear error instead of a network time-out,
 and stops the download-count ping of ``datasets`` and gradio's analytics calls.
+
+``OMP_WAIT_POLICY=PASSIVE`` makes idle OpenMP threads sleep instead of spinning. Training,
+rollouts and the retrieval server share a few CPU cores; with spinning threads, PyTorch ran the
+PPO learning test 30 times slower (129 s instead of 4 s) while another process was busy.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ OFFLINE_ENV: dict[str, str] = {
     "GRADIO_ANALYTICS_ENABLED": "False",
     "TOKENIZERS_PARALLELISM": "false",
     "TRL_EXPERIMENTAL_SILENCE": "1",
+    "OMP_WAIT_POLICY": "PASSIVE",
 }
 
 

@@ -20,6 +20,17 @@ from typing import Any
 PathLike = str | os.PathLike[str]
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _apply_default_mode(path: Path, directory: bool) -> None:
+    """mkstemp/mkdtemp create private (0600/0700) entries; give them the usual umask mode."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
 @contextlib.contextmanager
 def atomic_path(path: PathLike) -> Iterator[Path]:
     """Yield a temporary path in the target's folder; on success move it onto ``path``.
@@ -33,6 +44,8 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
+        if tmp.exists():
+            _apply_default_mode(tmp, directory=False)
         os.replace(tmp, target)
     finally:
         if tmp.exists():
@@ -51,6 +64,7 @@ def atomic_dir(path: PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         yield tmp
+        _apply_default_mode(tmp, directory=True)
         if target.exists():
             old = target.with_name(f".{target.name}.old")
             if old.exists():

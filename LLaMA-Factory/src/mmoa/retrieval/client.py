@@ -82,6 +82,10 @@ class RetrievalClient:
             out.extend(payload["result"])
         return out
 
+    def search_documents(self, queries: Sequence[str], k: int) -> list[list[dict[str, Any]]]:
+        """Ranked ``{"id", "contents"}`` documents per query: what the pipeline merges by id."""
+        return self.retrieve(queries, topk=k, return_scores=False)
+
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/health", None)
 

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Joint optimisation of the Query Rewriter, the Selector and the Generator with MAPPO
+# (stage: mappo), through `mmoa-cli train`. The retrieval server must be running.
+#
+#   bash LLaMA-Factory/run_mappo.sh                                 # the demo config
+#   bash LLaMA-Factory/run_mappo.sh LLaMA-Factory/examples/real/llama3_lora_mappo.yaml
+#   bash LLaMA-Factory/run_mappo.sh CONFIG.yaml max_steps=10        # key=value overrides
+#
+# Paths inside the configs are relative to the repository root, where this script runs.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
+if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
+  # shellcheck disable=SC1091
+  source .venv/bin/activate
+fi
+CONFIG=${1:-LLaMA-Factory/examples/demo/tiny_full_mappo.yaml}
+shift || true
+exec mmoa-cli train "$CONFIG" "$@"

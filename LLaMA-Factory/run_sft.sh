@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Warm start of the Query Rewriter, the Selector and the Generator (one model) with
+# LLaMA-Factory's SFT stage, through `mmoa-cli train` (identical to `llamafactory-cli train`).
+#
+#   bash LLaMA-Factory/run_sft.sh                                   # the demo config
+#   bash LLaMA-Factory/run_sft.sh LLaMA-Factory/examples/real/llama3_lora_sft.yaml
+#   bash LLaMA-Factory/run_sft.sh CONFIG.yaml num_train_epochs=1     # key=value overrides
+#
+# Paths inside the configs are relative to the repository root, where this script runs.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
+if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
+  # shellcheck disable=SC1091
+  source .venv/bin/activate
+fi
+CONFIG=${1:-LLaMA-Factory/examples/demo/tiny_full_sft.yaml}
+shift || true
+exec mmoa-cli train "$CONFIG" "$@"

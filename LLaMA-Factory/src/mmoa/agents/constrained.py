@@ -1,0 +1,132 @@
+"""Constrained decoding for the Selector: only well-formed ``Document3,Document7`` outputs.
+
+The original system masked every token except ``0``-``9``, ``,`` and ``Document``; that still let
+the model write ``Document,,3`` or ``Document42`` among ten candidates, and it assumed a tokenizer
+where those strings are single tokens. Here the constraint is the grammar itself: a token is
+allowed when the text generated so far plus that token is still a prefix of
+
+    ""  |  Document<id>(,Document<id>)*      with 0 <= id < K, no leading zeros
+
+and end-of-sequence is allowed only after a complete id (or at the very start: selecting nothing
+is a legitimate answer). This works with any tokenizer, whatever the merges of its vocabulary, and
+with K > 10. Duplicated ids stay possible; they are the policy's mistake to learn from, and the
+Selector penalty sees them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import LogitsProcessor
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+PREFIX = "Document"
+SEPARATOR = ","
+_ALPHABET = frozenset(PREFIX + SEPARATOR + "0123456789")
+
+
+def is_valid_prefix(text: str, k: int) -> bool:
+    """Whether ``text`` can still be completed into a well-formed selection over ``k`` ids."""
+    if text == "":
+        return True
+    items = text.split(SEPARATOR)
+    for position, item in enumerate(items):
+        last = position == len(items) - 1
+        if not last and not _is_complete_item(item, k):
+            return False
+        if last and not _is_item_prefix(item, k):
+            return False
+    return True
+
+
+def is_complete(text: str, k: int) -> bool:
+    """Whether ``text`` is a finished selection (end-of-sequence may follow)."""
+    return text == "" or all(_is_complete_item(item, k) for item in text.split(SEPARATOR))
+
+
+def _is_complete_item(item: str, k: int) -> bool:
+    digits = item[len(PREFIX):]
+    return (
+        item.startswith(PREFIX) and digits.isdigit() and _no_leading_zero(digits)
+        and int(digits) < k
+    )
+
+
+def _is_item_prefix(item: str, k: int) -> bool:
+    if len(item) <= len(PREFIX):
+        return PREFIX.startswith(item)
+    if not item.startswith(PREFIX):
+        return False
+    digits = item[len(PREFIX):]
+    if not digits.isdigit() or not _no_leading_zero(digits):
+        return False
+    # Some id below k must start with these digits.
+    return any(str(i).startswith(digits) for i in range(k))
+
+
+def _no_leading_zero(digits: str) -> bool:
+    return digits == "0" or not digits.startswith("0")
+
+
+@lru_cache(maxsize=8)
+def _candidate_tokens(tokenizer: PreTrainedTokenizerBase) -> tuple[tuple[int, str], ...]:
+    """Every token whose text uses only characters of the grammar (computed once per tokenizer)."""
+    out = []
+    for token_id in range(len(tokenizer)):
+        text = tokenizer.decode([token_id], skip_special_tokens=False)
+        if text and set(text) <= _ALPHABET:
+            out.append((token_id, text))
+    return tuple(out)
+
+
+class SelectorLogitsProcessor(LogitsProcessor):
+    """Masks every token that would break the selection grammar for ``k`` candidates.
+
+    ``prompt_length`` is the (left-padded) prompt width of the batch: everything after it was
+    generated. ``stop_token_ids`` are the end-of-turn ids of the chat template.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        k: int,
+        prompt_length: int,
+        stop_token_ids: Sequence[int],
+    ) -> None:
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        self.tokenizer = tokenizer
+        self.k = k
+        self.prompt_length = prompt_length
+        self.stop_token_ids = list(stop_token_ids)
+        self._stop_set = set(self.stop_token_ids)
+        self.candidates = _candidate_tokens(tokenizer)
+
+    def allowed_tokens(self, generated_text: str) -> list[int]:
+        allowed = [
+            token_id for token_id, piece in self.candidates
+            if is_valid_prefix(generated_text + piece, self.k)
+        ]
+        if is_complete(generated_text, self.k):
+            allowed.extend(self.stop_token_ids)
+        return allowed
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        mask = torch.full_like(scores, float("-inf"))
+        for row in range(input_ids.shape[0]):
+            generated = input_ids[row, self.prompt_length:].tolist()
+            if self._stop_set.intersection(generated):
+                # A finished row is only padded from here on; leave it unconstrained.
+                mask[row] = 0.0
+                continue
+            text = self.tokenizer.decode(generated, skip_special_tokens=False)
+            allowed = self.allowed_tokens(text)
+            if not allowed:  # cannot happen for a valid prefix; never leave a row without a choice
+                allowed = self.stop_token_ids
+            mask[row, allowed] = 0.0
+        return scores + mask

@@ -1,0 +1,309 @@
+"""The batched QR -> Retriever -> Selector -> Generator pipeline.
+
+One pipeline serves evaluation (greedy) and MAPPO rollouts (sampling). For a batch of questions
+each agent runs as ONE batched ``generate`` call, and all sub-questions of the batch go to the
+retrieval server in ONE request, so the cost per question falls as the batch grows.
+
+Every step is recorded in a :class:`Trace`: the sub-questions, the candidates with their ids and
+titles, the selection, the answer, per-agent timings and, for each agent, the prompt and response
+token ids that the PPO update needs.
+
+Modes (for baselines and ablations): ``g`` (no retrieval), ``rag`` (question -> top-K ->
+Generator), ``s_g`` (question -> top-K -> Selector -> Generator), ``qr_g`` (QR -> merged K ->
+Generator) and ``qr_s_g`` (the full pipeline).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import torch
+
+from mmoa.agents.candidates import Candidate, merge_candidates
+from mmoa.agents.constrained import SelectorLogitsProcessor
+from mmoa.agents.parsers import (
+    AnswerParse,
+    SelectionParse,
+    SubquestionParse,
+    parse_answer,
+    parse_selection,
+    parse_subquestions,
+)
+from mmoa.agents.prompts import (
+    AgentName,
+    AgentPrompt,
+    generator_prompt,
+    qr_prompt,
+    selector_prompt,
+)
+from mmoa.agents.render import PromptRenderer
+
+if TYPE_CHECKING:
+    from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
+
+Mode = Literal["g", "rag", "s_g", "qr_g", "qr_s_g"]
+MODES: tuple[Mode, ...] = ("g", "rag", "s_g", "qr_g", "qr_s_g")
+MODE_AGENTS: dict[str, tuple[AgentName, ...]] = {
+    "g": ("generator",),
+    "rag": ("generator",),
+    "s_g": ("selector", "generator"),
+    "qr_g": ("qr", "generator"),
+    "qr_s_g": ("qr", "selector", "generator"),
+}
+
+
+class DocumentRetriever(Protocol):
+    """What the pipeline needs from a retriever: ranked documents for many queries at once.
+
+    Each document is a dict with at least ``id`` and ``contents`` (``"title\\ntext"``).
+    :class:`mmoa.retrieval.client.RetrievalClient` implements it over HTTP.
+    """
+
+    def search_documents(self, queries: Sequence[str], k: int) -> list[list[dict[str, Any]]]: ...
+
+
+@dataclass
+class GenerationSettings:
+    """Decoding settings; ``do_sample=False`` is greedy (evaluation), True is rollout sampling."""
+
+    do_sample: bool = False
+    temperature: float = 0.95
+    top_p: float = 0.9
+    top_k: int = 0
+    max_new_tokens: dict[str, int] = field(
+        default_factory=lambda: {"qr": 100, "selector": 32, "generator": 100}
+    )
+    constrained_selector: bool = True
+
+
+@dataclass
+class AgentCall:
+    """One agent's turn for one question: the prompt and what the model wrote."""
+
+    agent: AgentName
+    prompt: AgentPrompt
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_text: str
+
+
+@dataclass
+class Trace:
+    """Everything that happened for one question."""
+
+    question: str
+    subquestions: list[str] = field(default_factory=list)
+    candidates: list[Candidate] = field(default_factory=list)
+    selected: list[int] = field(default_factory=list)
+    answer: str = ""
+    calls: dict[str, AgentCall] = field(default_factory=dict)
+    qr_parse: SubquestionParse | None = None
+    selection_parse: SelectionParse | None = None
+    answer_parse: AnswerParse | None = None
+
+    @property
+    def selected_documents(self) -> list[str]:
+        return [self.candidates[i].text for i in self.selected]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (predictions files, the playground)."""
+        return {
+            "question": self.question,
+            "subquestions": self.subquestions,
+            "candidates": [
+                {"index": i, "id": c.id, "title": c.text.split("\n", 1)[0],
+                 "subquestion": c.subquestion, "rank": c.rank}
+                for i, c in enumerate(self.candidates)
+            ],
+            "selected_ids": self.selected,
+            "prediction": self.answer,
+            "raw_outputs": {name: call.response_text for name, call in self.calls.items()},
+        }
+
+
+@dataclass
+class BatchTimings:
+    """Seconds spent per stage for one batch (the playground and the trainer log them)."""
+
+    qr: float = 0.0
+    retrieve: float = 0.0
+    selector: float = 0.0
+    generator: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"qr": self.qr, "retrieve": self.retrieve, "selector": self.selector,
+                "generator": self.generator}
+
+
+class RagPipeline:
+    """Runs the agents of a mode over batches of questions with one shared model."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        template: str | PromptRenderer,
+        retriever: DocumentRetriever | None,
+        *,
+        mode: Mode = "qr_s_g",
+        k: int = 10,
+        settings: GenerationSettings | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown pipeline mode {mode!r}; choose one of {', '.join(MODES)}")
+        if mode != "g" and retriever is None:
+            raise ValueError(f"pipeline mode {mode!r} needs a retriever")
+        self.model = model
+        self.tokenizer = tokenizer
+        if not isinstance(template, PromptRenderer):
+            template = PromptRenderer(tokenizer, template)
+        self.renderer = template
+        self.retriever = retriever
+        self.mode = mode
+        self.k = k
+        self.settings = settings or GenerationSettings()
+        self.last_timings = BatchTimings()
+
+    # -- the pipeline ----------------------------------------------------------------------------
+
+    def run(self, questions: Sequence[str]) -> list[Trace]:
+        traces = [Trace(question=q) for q in questions]
+        timings = BatchTimings()
+        if self.mode == "g":
+            self._generate_answers(traces, use_documents=False, timings=timings)
+            self.last_timings = timings
+            return traces
+
+        if self.mode in ("qr_g", "qr_s_g"):
+            start = time.perf_counter()
+            calls = self.generate("qr", [qr_prompt(t.question) for t in traces])
+            for trace, call in zip(traces, calls, strict=True):
+                trace.calls["qr"] = call
+                trace.qr_parse = parse_subquestions(call.response_text, trace.question)
+                trace.subquestions = trace.qr_parse.subquestions
+            timings.qr = time.perf_counter() - start
+        else:
+            for trace in traces:
+                trace.subquestions = [trace.question]
+
+        start = time.perf_counter()
+        self._retrieve(traces)
+        timings.retrieve = time.perf_counter() - start
+
+        if self.mode in ("s_g", "qr_s_g"):
+            start = time.perf_counter()
+            self._select(traces)
+            timings.selector = time.perf_counter() - start
+        else:
+            for trace in traces:
+                trace.selected = list(range(len(trace.candidates)))
+
+        self._generate_answers(traces, use_documents=True, timings=timings)
+        self.last_timings = timings
+        return traces
+
+    def _retrieve(self, traces: list[Trace]) -> None:
+        """One request for every sub-question of the batch, then per-question merging."""
+        assert self.retriever is not None
+        unique = list(dict.fromkeys(s for t in traces for s in t.subquestions))
+        results = self.retriever.search_documents(unique, self.k)
+        ranked = dict(zip(unique, results, strict=True))
+        for trace in traces:
+            trace.candidates = merge_candidates([ranked[s] for s in trace.subquestions], self.k)
+
+    def _select(self, traces: list[Trace]) -> None:
+        prompts = [selector_prompt(t.question, [c.text for c in t.candidates]) for t in traces]
+        processor_for = None
+        if self.settings.constrained_selector:
+            stop_ids = self.renderer.stop_token_ids
+            ks = {len(t.candidates) for t in traces}
+            k = max(ks) if ks else self.k
+
+            def processor_for(prompt_length: int) -> LogitsProcessor:
+                return SelectorLogitsProcessor(self.tokenizer, k, prompt_length, stop_ids)
+
+        calls = self.generate("selector", prompts, processor_for)
+        for trace, call in zip(traces, calls, strict=True):
+            trace.calls["selector"] = call
+            trace.selection_parse = parse_selection(call.response_text, len(trace.candidates))
+            trace.selected = trace.selection_parse.ids
+
+    def _generate_answers(
+        self, traces: list[Trace], *, use_documents: bool, timings: BatchTimings
+    ) -> None:
+        start = time.perf_counter()
+        prompts = [
+            generator_prompt(t.question, t.selected_documents if use_documents else [])
+            for t in traces
+        ]
+        calls = self.generate("generator", prompts)
+        for trace, call in zip(traces, calls, strict=True):
+            trace.calls["generator"] = call
+            trace.answer_parse = parse_answer(call.response_text)
+            trace.answer = trace.answer_parse.answer
+        timings.generator = time.perf_counter() - start
+
+    # -- batched generation ----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(
+        self,
+        agent: AgentName,
+        prompts: Sequence[AgentPrompt],
+        processor_for: Any = None,
+    ) -> list[AgentCall]:
+        """One left-padded ``generate`` for a batch of prompts of one agent."""
+        if not prompts:
+            return []
+        prompt_ids = self.renderer.batch_prompt_ids(prompts)
+        device = next(self.model.parameters()).device
+        pad_id = self.tokenizer.pad_token_id
+        if pad_id is None:
+            pad_id = self.tokenizer.eos_token_id
+        width = max(len(ids) for ids in prompt_ids)
+        input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+        for row, ids in enumerate(prompt_ids):
+            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            attention[row, width - len(ids):] = 1
+        settings = self.settings
+        stop_ids = self.renderer.stop_token_ids
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": settings.max_new_tokens[agent],
+            "eos_token_id": stop_ids,
+            "pad_token_id": pad_id,
+            "use_cache": True,
+        }
+        if settings.do_sample:
+            kwargs.update(do_sample=True, temperature=settings.temperature, top_p=settings.top_p,
+                          top_k=settings.top_k)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if processor_for is not None:
+            from transformers import LogitsProcessorList
+
+            kwargs["logits_processor"] = LogitsProcessorList([processor_for(width)])
+        output = self.model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention.to(device), **kwargs
+        )
+        stop_set = set(stop_ids)
+        calls = []
+        for row, prompt in enumerate(prompts):
+            generated = output[row, width:].tolist()
+            response: list[int] = []
+            for token in generated:
+                response.append(token)
+                if token in stop_set:
+                    break
+            text_ids = [t for t in response if t not in stop_set]
+            calls.append(AgentCall(
+                agent=agent,
+                prompt=prompt,
+                prompt_ids=prompt_ids[row],
+                response_ids=response,
+                response_text=self.tokenizer.decode(text_ids, skip_special_tokens=True).strip(),
+            ))
+        return calls

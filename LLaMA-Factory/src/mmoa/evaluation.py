@@ -1,0 +1,242 @@
+"""Evaluation of the whole pipeline: Acc / EM / F1 plus per-agent statistics.
+
+The pipeline runs greedily over a QA set in batches; every question's trace and scores go to
+``predictions.jsonl`` and the aggregate to ``metrics.json``. The scores come from
+:mod:`mmoa.metrics`, the same functions the MAPPO reward uses.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from mmoa.agents.pipeline import MODE_AGENTS, MODES, GenerationSettings, RagPipeline, Trace
+from mmoa.data.loaders import load_qa
+from mmoa.data.records import QARecord
+from mmoa.data.registry import resolve_dataset
+from mmoa.fileio import atomic_write_json, atomic_write_jsonl
+from mmoa.metrics import score_answer
+
+PREDICTIONS_FILE = "predictions.jsonl"
+METRICS_FILE = "metrics.json"
+
+
+@dataclass
+class EvalConfig:
+    """Everything one evaluation run needs (the CLI maps its arguments onto this)."""
+
+    model_name_or_path: str
+    template: str
+    output_dir: str
+    adapter_name_or_path: str | None = None
+    dataset: str | None = None
+    dataset_dir: str = "data"
+    data_file: str | None = None
+    data_format: str = "auto"
+    retriever_url: str = "http://127.0.0.1:8000"
+    retriever_token: str | None = None
+    mode: str = "qr_s_g"
+    k: int = 10
+    batch_size: int = 16
+    max_samples: int | None = None
+    normalizer: str = "mmoa"
+    max_new_tokens_qr: int = 100
+    max_new_tokens_selector: int = 32
+    max_new_tokens_generator: int = 100
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if (self.dataset is None) == (self.data_file is None):
+            raise ValueError("give exactly one of --dataset (a registered name) or --data_file")
+        for name in ("k", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+def load_records(config: EvalConfig) -> list[QARecord]:
+    if config.dataset is not None:
+        path, fmt = resolve_dataset(config.dataset, config.dataset_dir)
+    else:
+        path, fmt = Path(str(config.data_file)), config.data_format
+    return load_qa(path, fmt, max_samples=config.max_samples)
+
+
+def _rouge_l(prediction: str, golds: Sequence[str]) -> float:
+    from rouge_score import rouge_scorer
+
+    scorer = _rouge_l.scorer  # type: ignore[attr-defined]
+    if scorer is None:
+        scorer = _rouge_l.scorer = rouge_scorer.RougeScorer(["rougeL"])  # type: ignore[attr-defined]
+    return max(scorer.score(g, prediction)["rougeL"].fmeasure for g in golds)
+
+
+_rouge_l.scorer = None  # type: ignore[attr-defined]
+
+
+def _support_recall(record: QARecord, trace: Trace, selected_only: bool) -> float | None:
+    """Share of the gold supporting passages among the candidates (or the selected ones)."""
+    indices = trace.selected if selected_only else range(len(trace.candidates))
+    if record.supporting_ids:
+        gold = set(record.supporting_ids)
+        found = {trace.candidates[i].id for i in indices}
+    elif record.supporting_titles:
+        gold = {t.strip().lower() for t in record.supporting_titles}
+        found = {trace.candidates[i].text.split("\n", 1)[0].strip().lower() for i in indices}
+    else:
+        return None
+    return len(gold & found) / len(gold)
+
+
+def score_trace(record: QARecord, trace: Trace, mode: str, normalizer: str) -> dict[str, Any]:
+    """One line of ``predictions.jsonl``: the trace, the gold answers and the scores."""
+    scores = score_answer(trace.answer, record.answers, normalizer=normalizer)
+    row = {"id": record.id, **trace.to_dict(), "answers": record.answers, "type": record.type}
+    row["scores"] = {**scores.as_dict(), "rouge_l": _rouge_l(trace.answer, record.answers)}
+    agents = MODE_AGENTS[mode]
+    stats: dict[str, Any] = {}
+    if "qr" in agents and trace.qr_parse is not None:
+        stats["qr"] = {"num_subquestions": len(trace.subquestions),
+                       "well_formed": trace.qr_parse.well_formed}
+    if mode != "g":
+        stats["retrieval"] = {"support_recall": _support_recall(record, trace, False)}
+    if "selector" in agents and trace.selection_parse is not None:
+        stats["selector"] = {"num_selected": len(trace.selected),
+                             "well_formed": trace.selection_parse.well_formed,
+                             "support_recall": _support_recall(record, trace, True)}
+    if trace.answer_parse is not None:
+        stats["generator"] = {"answer_words": trace.answer_parse.num_words,
+                              "well_formed": trace.answer_parse.well_formed}
+    row["agent_stats"] = stats
+    return row
+
+
+def _mean(values: list[Any]) -> float | None:
+    numbers = [float(v) for v in values if v is not None]
+    return fmean(numbers) if numbers else None
+
+
+def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
+    """Aggregate metrics (fractions in [0, 1]) and per-agent statistics."""
+    def column(agent: str, key: str) -> list[Any]:
+        return [r["agent_stats"][agent][key] for r in rows if agent in r["agent_stats"]]
+
+    metrics: dict[str, Any] = {
+        "mode": mode,
+        "num_questions": len(rows),
+        **{m: _mean([r["scores"][m] for r in rows]) for m in ("acc", "em", "f1", "rouge_l")},
+        "agents": {},
+    }
+    agents = metrics["agents"]
+    if column("qr", "num_subquestions"):
+        agents["qr"] = {"mean_subquestions": _mean(column("qr", "num_subquestions")),
+                        "well_formed_rate": _mean(column("qr", "well_formed"))}
+    if column("retrieval", "support_recall"):
+        agents["retrieval"] = {"candidate_support_recall":
+                               _mean(column("retrieval", "support_recall"))}
+    if column("selector", "num_selected"):
+        agents["selector"] = {"mean_selected": _mean(column("selector", "num_selected")),
+                              "well_formed_rate": _mean(column("selector", "well_formed")),
+                              "support_recall": _mean(column("selector", "support_recall"))}
+    if column("generator", "answer_words"):
+        agents["generator"] = {"mean_answer_words": _mean(column("generator", "answer_words")),
+                               "well_formed_rate": _mean(column("generator", "well_formed"))}
+    by_type: dict[str, list[float]] = {}
+    for r in rows:
+        by_type.setdefault(r.get("type") or "all", []).append(r["scores"]["f1"])
+    metrics["f1_by_type"] = {t: fmean(v) for t, v in sorted(by_type.items())}
+    return metrics
+
+
+def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
+    """Runs the pipeline over the dataset and writes ``predictions.jsonl`` and ``metrics.json``."""
+    from tqdm.auto import tqdm
+
+    from mmoa.modeling import load_for_inference
+    from mmoa.retrieval.client import RetrievalClient
+
+    config.validate()
+    records = load_records(config)
+    retriever = None
+    if config.mode != "g":
+        retriever = RetrievalClient(config.retriever_url, token=config.retriever_token)
+        retriever.health()  # fail before the model is loaded when the server is not there
+    model, tokenizer = load_for_inference(
+        config.model_name_or_path, config.template, config.adapter_name_or_path
+    )
+    settings = GenerationSettings(do_sample=False, max_new_tokens={
+        "qr": config.max_new_tokens_qr, "selector": config.max_new_tokens_selector,
+        "generator": config.max_new_tokens_generator,
+    })
+    pipeline = RagPipeline(model, tokenizer, config.template, retriever, mode=config.mode,
+                           k=config.k, settings=settings)
+    rows: list[dict[str, Any]] = []
+    timings = {"qr": 0.0, "retrieve": 0.0, "selector": 0.0, "generator": 0.0}
+    start = time.perf_counter()
+    batches = range(0, len(records), config.batch_size)
+    for offset in tqdm(batches, desc=f"evaluate {config.mode}", unit="batch", disable=not progress):
+        batch = records[offset: offset + config.batch_size]
+        traces = pipeline.run([r.question for r in batch])
+        for key, seconds in pipeline.last_timings.as_dict().items():
+            timings[key] += seconds
+        rows.extend(
+            score_trace(record, trace, config.mode, config.normalizer)
+            for record, trace in zip(batch, traces, strict=True)
+        )
+    metrics = summarize(rows, config.mode)
+    metrics["seconds"] = {"total": time.perf_counter() - start, **timings}
+    metrics["config"] = asdict(config)
+    out = Path(config.output_dir)
+    atomic_write_jsonl(out / PREDICTIONS_FILE, rows)
+    atomic_write_json(out / METRICS_FILE, metrics)
+    return metrics
+
+
+# -- reports ---------------------------------------------------------------------------------------
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def format_table(named_metrics: Sequence[tuple[str, dict[str, Any]]]) -> str:
+    """One table: a row per run with Acc / EM / F1 and the per-agent statistics."""
+    header = ["run", "mode", "n", "Acc", "EM", "F1", "QR subq", "QR ok%", "cand rec%",
+              "S sel", "S ok%", "S rec%", "G words", "G ok%"]
+    lines = []
+    for name, m in named_metrics:
+        agents = m.get("agents", {})
+        qr, sel = agents.get("qr", {}), agents.get("selector", {})
+        gen, ret = agents.get("generator", {}), agents.get("retrieval", {})
+        lines.append([
+            name, m.get("mode", "?"), str(m.get("num_questions", "?")), _pct(m.get("acc")),
+            _pct(m.get("em")), _pct(m.get("f1")), _num(qr.get("mean_subquestions")),
+            _pct(qr.get("well_formed_rate")), _pct(ret.get("candidate_support_recall")),
+            _num(sel.get("mean_selected")), _pct(sel.get("well_formed_rate")),
+            _pct(sel.get("support_recall")), _num(gen.get("mean_answer_words")),
+            _pct(gen.get("well_formed_rate")),
+        ])
+    widths = [max(len(str(row[i])) for row in [header, *lines]) for i in range(len(header))]
+    def fmt(row: list[str]) -> str:
+        return "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([fmt(header), rule, *(fmt(row) for row in lines)])
+
+
+def load_metrics(path: str | Path) -> dict[str, Any]:
+    source = Path(path)
+    if source.is_dir():
+        source = source / METRICS_FILE
+    if not source.is_file():
+        raise FileNotFoundError(f"{source}: no metrics file (run an evaluation first)")
+    return json.loads(source.read_text(encoding="utf-8"))

@@ -1,0 +1,109 @@
+"""``mmoa-cli train CONFIG [key=value ...]``: our stage ``mappo``, LLaMA-Factory for the rest.
+
+For every stage other than ``mappo`` the command hands its arguments, unchanged, to
+``llamafactory-cli train``'s own entry point in this process, so SFT, DPO, reward modelling and
+the rest behave exactly as with ``llamafactory-cli`` (including its torchrun re-launch on several
+GPUs and its ``key=value`` overrides). Only the stage is read here, with the same OmegaConf
+semantics LLaMA-Factory uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+MAPPO_STAGE = "mappo"
+
+
+class TrainConfigError(ValueError):
+    """The config file or an override cannot be read."""
+
+
+def read_train_config(argv: Sequence[str]) -> dict[str, Any]:
+    """The merged config (file + ``key=value`` overrides) exactly as LLaMA-Factory reads it."""
+    from omegaconf import OmegaConf
+
+    if not argv:
+        raise TrainConfigError("usage: mmoa-cli train CONFIG.yaml [key=value ...]")
+    path = Path(argv[0])
+    if path.suffix not in (".yaml", ".yml", ".json"):
+        raise TrainConfigError(f"{path}: expected a .yaml, .yml or .json config file")
+    if not path.is_file():
+        raise TrainConfigError(f"{path}: config file not found")
+    try:
+        if path.suffix == ".json":
+            base = OmegaConf.create(json.loads(path.read_text(encoding="utf-8")))
+        else:
+            base = OmegaConf.load(path.absolute())
+        overrides = OmegaConf.from_cli(list(argv[1:]))
+        merged = OmegaConf.to_container(OmegaConf.merge(base, overrides))
+    except Exception as err:  # OmegaConf raises several unrelated types
+        raise TrainConfigError(f"{path}: cannot read the config ({err})") from err
+    if not isinstance(merged, dict):
+        raise TrainConfigError(f"{path}: the config must be a mapping of keys to values")
+    return merged
+
+
+def run_train(argv: Sequence[str]) -> int:
+    config = read_train_config(argv)
+    stage = config.get("stage", "sft")
+    if stage == MAPPO_STAGE:
+        if _wants_torchrun():
+            return _relaunch_with_torchrun(argv)
+        from mmoa.train.mappo.workflow import run_mappo_from_config
+
+        return run_mappo_from_config(config)
+    return run_llamafactory("train", argv)
+
+
+def _wants_torchrun() -> bool:
+    """LLaMA-Factory's rule: ``FORCE_TORCHRUN=1`` or more than one GPU, unless already launched."""
+    if "LOCAL_RANK" in os.environ:
+        return False
+    if os.environ.get("FORCE_TORCHRUN", "0").lower() in ("1", "true", "y"):
+        return True
+    import torch
+
+    return torch.cuda.device_count() > 1
+
+
+def _relaunch_with_torchrun(argv: Sequence[str]) -> int:
+    """One process per GPU (``NPROC_PER_NODE``, default: all visible GPUs), each rolling out its
+    own questions against the one retrieval server; gradients are reduced by DDP."""
+    import torch
+
+    nproc = os.environ.get("NPROC_PER_NODE") or str(max(torch.cuda.device_count(), 1))
+    port = os.environ.get("MASTER_PORT") or str(_free_port())
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", os.environ.get("NNODES", "1"),
+        "--node_rank", os.environ.get("NODE_RANK", "0"), "--nproc_per_node", nproc,
+        "--master_addr", os.environ.get("MASTER_ADDR", "127.0.0.1"), "--master_port", port,
+        "-m", "mmoa.cli", "train", *argv,
+    ]
+    print(f"[mmoa] launching {nproc} MAPPO processes with torchrun", flush=True)
+    return subprocess.run(command, check=False).returncode
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_llamafactory(command: str, argv: Sequence[str]) -> int:
+    """``llamafactory-cli COMMAND ARGV`` in this process (it reads ``sys.argv`` itself)."""
+    from llamafactory.cli import main as llamafactory_main
+
+    saved = sys.argv
+    sys.argv = ["llamafactory-cli", command, *argv]
+    try:
+        llamafactory_main()
+    finally:
+        sys.argv = saved
+    return 0

@@ -1,0 +1,124 @@
+"""Our keys of the ``mappo`` stage, parsed before the rest goes to LLaMA-Factory.
+
+LLaMA-Factory's ``get_train_args`` refuses keys it does not know, so every key of ours carries
+the ``mappo_`` prefix and is split off here. Standard keys keep their LLaMA-Factory meaning:
+``ppo_epochs`` (PPO epochs over each rollout), ``ppo_target`` (KL target of the adaptive
+controller), ``ppo_whiten_rewards``, ``per_device_train_batch_size`` (PPO mini-batch),
+``gradient_accumulation_steps``, ``learning_rate``, ``max_steps`` / ``num_train_epochs``, ...
+
+Defaults are the paper's (MMOA-RAG, Table 6 and section 3.3): clip 0.2, value clip 0.2,
+value-loss weight 0.1, gamma 1, lambda 0.95, adaptive KL from 0.2 with a floor of 0.06,
+sampling temperature 0.95 / top-p 0.9, penalties -0.5 (QR), -1 (Selector), -0.5 (Generator).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from mmoa.agents.prompts import AGENTS
+
+PREFIX = "mappo_"
+
+
+@dataclass
+class MappoArguments:
+    """Everything MAPPO adds to a LLaMA-Factory config (all keys start with ``mappo_``)."""
+
+    # retrieval
+    mappo_retriever_url: str = field(
+        default="http://127.0.0.1:8000", metadata={"help": "URL of the retrieval server."}
+    )
+    mappo_retriever_token: str | None = field(default=None, metadata={"help": "Bearer token."})
+    mappo_retriever_timeout: float = field(default=60.0, metadata={"help": "Seconds per call."})
+    mappo_retriever_retries: int = field(default=5, metadata={"help": "Retries with backoff."})
+    mappo_top_k: int = field(default=10, metadata={"help": "Candidate documents K."})
+
+    # which agents learn (the others still act)
+    mappo_agents: str = field(
+        default="qr,selector,generator",
+        metadata={"help": "Comma-separated agents to optimise: any of qr, selector, generator."},
+    )
+
+    # rollout generation
+    mappo_questions_per_rollout: int | None = field(
+        default=None,
+        metadata={"help": "Questions per step and process (default: per-device batch size x "
+                          "gradient accumulation steps)."},
+    )
+    mappo_rollout_batch_size: int = field(
+        default=16, metadata={"help": "Questions per batched generate call during rollouts."}
+    )
+    mappo_temperature: float = field(default=0.95, metadata={"help": "Sampling temperature."})
+    mappo_top_p: float = field(default=0.9, metadata={"help": "Nucleus sampling top-p."})
+    mappo_max_new_tokens_qr: int = 100
+    mappo_max_new_tokens_selector: int = 32
+    mappo_max_new_tokens_generator: int = 100
+    mappo_constrained_selector: bool = field(
+        default=True, metadata={"help": "Grammar-constrained Selector decoding."}
+    )
+
+    # rewards and penalties
+    mappo_reward_metric: str = field(default="f1", metadata={"help": "f1, em or acc."})
+    mappo_normalizer: str = field(default="mmoa", metadata={"help": "mmoa or squad."})
+    mappo_qr_penalty: float = -0.5
+    mappo_qr_max_subquestions: int = 4
+    mappo_qr_max_chars: int = 300
+    mappo_selector_penalty: float = -1.0
+    mappo_generator_penalty: float = -0.5
+    mappo_generator_max_words: int = 30
+
+    # PPO
+    mappo_adaptive_kl: bool = True
+    mappo_init_kl_coef: float = 0.2
+    mappo_kl_horizon: float = 10000.0
+    mappo_min_kl_coef: float = 0.06
+    mappo_cliprange: float = 0.2
+    mappo_cliprange_value: float = 0.2
+    mappo_vf_coef: float = 0.1
+    mappo_gamma: float = 1.0
+    mappo_lam: float = 0.95
+    mappo_whiten_advantages: bool = True
+    mappo_max_nonfinite_steps: int = field(
+        default=3, metadata={"help": "Consecutive non-finite losses before the run stops."}
+    )
+
+    def __post_init__(self) -> None:
+        agents = self.optimized_agents
+        unknown = [a for a in agents if a not in AGENTS]
+        if unknown or not agents:
+            raise ValueError(
+                f"mappo_agents must name one or more of {', '.join(AGENTS)}; got "
+                f"{self.mappo_agents!r}"
+            )
+        if self.mappo_reward_metric not in ("f1", "em", "acc"):
+            raise ValueError(f"mappo_reward_metric must be f1, em or acc, got "
+                             f"{self.mappo_reward_metric!r}")
+        for name in ("mappo_top_k", "mappo_rollout_batch_size", "mappo_max_new_tokens_qr",
+                     "mappo_max_new_tokens_selector", "mappo_max_new_tokens_generator"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0 < self.mappo_top_p <= 1 or self.mappo_temperature <= 0:
+            raise ValueError("mappo_top_p must be in (0, 1] and mappo_temperature > 0")
+
+    @property
+    def optimized_agents(self) -> tuple[str, ...]:
+        return tuple(a.strip() for a in self.mappo_agents.split(",") if a.strip())
+
+    def max_new_tokens(self) -> dict[str, int]:
+        return {"qr": self.mappo_max_new_tokens_qr,
+                "selector": self.mappo_max_new_tokens_selector,
+                "generator": self.mappo_max_new_tokens_generator}
+
+
+def split_mappo_args(config: dict[str, Any]) -> tuple[MappoArguments, dict[str, Any]]:
+    """``(our arguments, the rest for llamafactory)``; unknown ``mappo_*`` keys are an error."""
+    known = {f.name for f in fields(MappoArguments)}
+    ours = {k: v for k, v in config.items() if k.startswith(PREFIX)}
+    unknown = sorted(set(ours) - known)
+    if unknown:
+        raise ValueError(
+            f"unknown MAPPO keys: {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+        )
+    rest = {k: v for k, v in config.items() if not k.startswith(PREFIX)}
+    return MappoArguments(**ours), rest

@@ -1,0 +1,293 @@
+"""One PPO update over pooled agent samples: the part of MAPPO that does the learning.
+
+Given samples (prompt ids, response ids, score) from any agents, :class:`PPOLearner`
+
+1. runs batched no-grad forward passes for the old log-probs, the reference log-probs (the same
+   weights with the LoRA adapter disabled, or a frozen copy for full fine-tuning) and the values;
+2. builds per-token rewards (score on the last response token, ``-kl_coef * (logp - logp_ref)``
+   on every response token), GAE advantages per agent episode, and whitens the advantages over
+   the pooled batch;
+3. runs ``ppo_epochs`` epochs of shuffled mini-batches with the clipped policy loss plus
+   ``vf_coef`` times the clipped value loss, gradient accumulation and gradient clipping,
+   skipping any update whose loss is not finite;
+4. updates the KL controller.
+
+It knows nothing about retrieval, prompts or HF's Trainer, so the learning test drives exactly
+this code on a toy task with a known best answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from mmoa.train.mappo.ppo_math import (
+    AdaptiveKLController,
+    FixedKLController,
+    compute_gae,
+    entropy_from_logits,
+    logprobs_from_logits,
+    masked_mean,
+    masked_whiten,
+    per_token_kl,
+    policy_loss,
+    token_rewards,
+    value_loss,
+)
+from mmoa.train.mappo.samples import Sample, SampleBatch, collate, gather_positions, minibatches
+from mmoa.train.mappo.value_head import ValueHead
+
+
+class PolicyWithValue(nn.Module):
+    """The shared policy (a causal LM, possibly a PEFT model) and its value head.
+
+    ``forward`` returns response-aligned log-probs, values and entropies for a
+    :class:`SampleBatch`; the reference log-probs come from the same weights with the adapter
+    disabled (LoRA) or from ``ref_model`` (full fine-tuning).
+    """
+
+    def __init__(self, policy: nn.Module, value_head: ValueHead,
+                 ref_model: nn.Module | None = None) -> None:
+        super().__init__()
+        self.policy = policy
+        self.v_head = value_head
+        # A separate reference is kept out of the module tree: not trained, not saved.
+        self._ref = [ref_model] if ref_model is not None else []
+
+    @property
+    def config(self) -> Any:
+        return self.policy.config
+
+    def forward(self, batch: SampleBatch, with_entropy: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        out = self.policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                          output_hidden_states=True, use_cache=False)
+        logits = gather_positions(out.logits, batch.positions).float()
+        logprobs = logprobs_from_logits(logits, batch.response_ids)
+        hidden = gather_positions(out.hidden_states[-1], batch.positions)
+        values = self.v_head(hidden).float()
+        entropy = entropy_from_logits(logits) if with_entropy else None
+        return logprobs, values, entropy
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: SampleBatch) -> torch.Tensor:
+        if self._ref:
+            model = self._ref[0]
+            context: Any = contextlib.nullcontext()
+        elif hasattr(self.policy, "disable_adapter"):
+            model = self.policy
+            context = self.policy.disable_adapter()
+        else:
+            raise RuntimeError(
+                "no reference policy: full fine-tuning needs a frozen reference model"
+            )
+        with context:
+            out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                        use_cache=False)
+        logits = gather_positions(out.logits, batch.positions).float()
+        return logprobs_from_logits(logits, batch.response_ids)
+
+
+@dataclass
+class PPOConfig:
+    """The PPO settings the learner needs (mapped from MappoArguments + LLaMA-Factory keys)."""
+
+    ppo_epochs: int = 2
+    mini_batch_size: int = 4
+    gradient_accumulation_steps: int = 1
+    forward_batch_size: int = 8
+    cliprange: float = 0.2
+    cliprange_value: float = 0.2
+    vf_coef: float = 0.1
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+    whiten_rewards: bool = False
+    max_grad_norm: float = 1.0
+    adaptive_kl: bool = True
+    init_kl_coef: float = 0.2
+    kl_target: float = 6.0
+    kl_horizon: float = 10000.0
+    min_kl_coef: float = 0.06
+
+
+@dataclass
+class Rollout:
+    """Tensors of one rollout, row-aligned with its samples."""
+
+    samples: list[Sample]
+    batch: SampleBatch
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    values: torch.Tensor
+    rewards: torch.Tensor
+    kl: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+
+
+class PPOLearner:
+    """Runs PPO updates of a :class:`PolicyWithValue` with a given optimiser.
+
+    ``backward`` and ``clip_grad`` default to plain torch; the Trainer passes accelerate's, so
+    DDP and DeepSpeed reduce gradients exactly as in LLaMA-Factory's own stages.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: PPOConfig,
+        pad_id: int,
+        *,
+        unwrap: Callable[[nn.Module], PolicyWithValue] | None = None,
+        backward: Callable[[torch.Tensor], None] | None = None,
+        clip_grad: Callable[[Any, float], Any] | None = None,
+        accumulate: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.config = config
+        self.pad_id = pad_id
+        self.unwrap = unwrap or (lambda m: m)  # type: ignore[assignment,return-value]
+        self.backward = backward or (lambda loss: loss.backward())
+        self.clip_grad = clip_grad or torch.nn.utils.clip_grad_norm_
+        self.accumulate = accumulate
+        self.generator = generator
+        if config.adaptive_kl:
+            self.kl_ctl: AdaptiveKLController | FixedKLController = AdaptiveKLController(
+                config.init_kl_coef, config.kl_target, config.kl_horizon, config.min_kl_coef)
+        else:
+            self.kl_ctl = FixedKLController(config.init_kl_coef)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # -- rollout tensors -----------------------------------------------------------------------
+
+    def _chunks(self, samples: Sequence[Sample]) -> Iterator[tuple[int, SampleBatch]]:
+        size = self.config.forward_batch_size
+        for offset in range(0, len(samples), size):
+            yield offset, collate(samples[offset: offset + size], self.pad_id).to(self.device)
+
+    @torch.no_grad()
+    def prepare(self, samples: Sequence[Sample]) -> Rollout:
+        """Old/reference log-probs and values, rewards with the KL penalty, GAE advantages."""
+        policy = self.unwrap(self.model)
+        was_training = policy.training
+        policy.eval()
+        old, ref, values = [], [], []
+        for _, batch in self._chunks(samples):
+            logprobs, value, _ = policy(batch)
+            old.append(logprobs)
+            values.append(value)
+            ref.append(policy.reference_logprobs(batch))
+        policy.train(was_training)
+        full = collate(samples, self.pad_id).to(self.device)
+        old_logprobs = _pad_cat(old, full.response_mask.shape[1])
+        ref_logprobs = _pad_cat(ref, full.response_mask.shape[1])
+        value_t = _pad_cat(values, full.response_mask.shape[1])
+        mask = full.response_mask
+        scores = torch.tensor([s.score for s in samples], dtype=torch.float32,
+                              device=self.device)
+        rewards, _, kl = token_rewards(scores, old_logprobs, ref_logprobs, mask,
+                                       self.kl_ctl.value)
+        if self.config.whiten_rewards:
+            rewards = masked_whiten(rewards, mask, shift_mean=False) * mask
+        advantages, returns = compute_gae(rewards, value_t, mask, self.config.gamma,
+                                          self.config.lam)
+        if self.config.whiten_advantages and mask.sum() > 1:
+            advantages = masked_whiten(advantages, mask) * mask
+        return Rollout(list(samples), full, old_logprobs, ref_logprobs, value_t, rewards, kl,
+                       advantages, returns)
+
+    # -- the update ----------------------------------------------------------------------------
+
+    def update(self, rollout: Rollout) -> dict[str, float]:
+        """``ppo_epochs`` epochs of mini-batch updates; returns averaged statistics."""
+        cfg = self.config
+        self.model.train()
+        stats: dict[str, list[float]] = defaultdict(list)
+        n = len(rollout.samples)
+        micro = max(1, cfg.mini_batch_size)
+        skipped = 0
+        for _ in range(cfg.ppo_epochs):
+            batches = minibatches(n, micro, self.generator)
+            for start in range(0, len(batches), cfg.gradient_accumulation_steps):
+                group = batches[start: start + cfg.gradient_accumulation_steps]
+                self.optimizer.zero_grad(set_to_none=True)
+                finite = True
+                for indices in group:
+                    loss, step_stats = self._loss(rollout, indices, len(group))
+                    if not torch.isfinite(loss):
+                        finite = False
+                        break
+                    context = self.accumulate() if self.accumulate else contextlib.nullcontext()
+                    with context:
+                        self.backward(loss)
+                    for key, value in step_stats.items():
+                        stats[key].append(value)
+                if not finite:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    skipped += 1
+                    continue
+                grad_norm = self.clip_grad(self.model.parameters(), cfg.max_grad_norm)
+                if grad_norm is not None and not math.isfinite(float(grad_norm)):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    skipped += 1
+                    continue
+                stats["grad_norm"].append(float(grad_norm) if grad_norm is not None else 0.0)
+                self.optimizer.step()
+        out = {k: sum(v) / len(v) for k, v in stats.items() if v}
+        out["skipped_updates"] = float(skipped)
+        out["updates"] = float(cfg.ppo_epochs * math.ceil(len(range(0, n, micro))
+                                                          / cfg.gradient_accumulation_steps))
+        return out
+
+    def _loss(self, rollout: Rollout, indices: list[int], group_size: int
+              ) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.config
+        samples = [rollout.samples[i] for i in indices]
+        batch = collate(samples, self.pad_id).to(self.device)
+        width = batch.response_mask.shape[1]
+        index = torch.tensor(indices, device=self.device)
+        old = rollout.old_logprobs[index, :width]
+        adv = rollout.advantages[index, :width]
+        ret = rollout.returns[index, :width]
+        old_values = rollout.values[index, :width]
+        mask = batch.response_mask
+        logprobs, values, entropy = self.model(batch, with_entropy=True)
+        pg_loss, pg_stats = policy_loss(logprobs, old, adv, mask, cfg.cliprange)
+        vf_loss, vf_stats = value_loss(values, old_values, ret, mask, cfg.cliprange_value)
+        loss = pg_loss + cfg.vf_coef * vf_loss
+        step_stats = {
+            "loss": float(loss.detach()),
+            "policy_loss": float(pg_loss.detach()),
+            "value_loss": float(vf_loss.detach()),
+            "entropy": float(masked_mean(entropy, mask).detach()) if entropy is not None else 0.0,
+            **{k: float(v) for k, v in pg_stats.items()},
+            **{k: float(v) for k, v in vf_stats.items()},
+        }
+        return loss / group_size, step_stats
+
+    def update_kl(self, rollout: Rollout) -> float:
+        """Feeds the rollout's mean per-sample KL to the controller; returns that KL."""
+        mask = rollout.batch.response_mask
+        kl_per_sample = (per_token_kl(rollout.old_logprobs, rollout.ref_logprobs) * mask).sum(1)
+        mean_kl = float(kl_per_sample.mean())
+        self.kl_ctl.update(mean_kl, len(rollout.samples))
+        return mean_kl
+
+
+def _pad_cat(chunks: list[torch.Tensor], width: int) -> torch.Tensor:
+    padded = [torch.nn.functional.pad(c, (0, width - c.shape[1])) for c in chunks]
+    return torch.cat(padded, dim=0)

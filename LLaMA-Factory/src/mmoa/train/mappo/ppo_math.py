@@ -1,0 +1,565 @@
+"""The pure math of our MAPPO stage: masked statistics, log-probs, KL, rewards, GAE, PPO losses.
+
+Plain torch, no model and no trainer state, so every formula can be unit tested against values
+worked out by hand. The trainer composes these functions; it never re-derives them.
+
+Why our own and not trl's: llamafactory 0.9.5 installs trl 0.24, which no longer has the old
+``PPOTrainer``/``trl.core`` that the original MMOA-RAG system used (trl 0.9.6). The formulas here
+reproduce that trl version's PPO, which is what the paper's numbers were obtained with:
+
+* per-token reward ``-kl_coef * (logp - logp_ref)`` plus the scalar score on the last response
+  token (``kl_penalty="kl"``), no reward whitening, no score scaling;
+* GAE with ``gamma=1.0, lam=0.95`` over one agent's response only (each agent's response is its
+  own single-turn episode: the value after its last token is 0, nothing is bootstrapped from
+  another agent);
+* advantages whitened over the whole batch, agents pooled (``masked_whiten``);
+* the clipped surrogate, the clipped value loss ``0.5 * max(...)``, ``approx_kl`` as
+  ``0.5 * mean((logp - old)^2)``;
+* the adaptive KL controller (Ziegler et al. 2019) with a floor on the coefficient.
+
+Conventions for every ``[B, T]`` tensor here: row ``i`` holds the RESPONSE tokens of sample ``i``
+only (prompt tokens are never in these tensors), right-padded, and ``mask`` (bool or 0/1 float of
+the same shape) is true on real response tokens. Positions where the mask is false are never read:
+they may hold anything, even ``inf`` or ``nan``, without changing any output; outputs are 0 there.
+This is enforced with ``torch.where`` rather than a multiplication by the mask, because
+``inf * 0`` is ``nan``: e.g. a padded ratio ``exp(logp - old)`` can overflow. Where a function
+needs the padding to be on the right (rewards, GAE), it checks.
+
+Differences from trl 0.9.6, on purpose: ``masked_whiten`` returns 0 at padded positions (trl left
+shifted garbage there that only its loss masking hid), and statistics are returned as detached
+0-dim tensors instead of Python floats, so that the trainer decides when to synchronise the device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import torch
+
+__all__ = [
+    "KL_KINDS",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "KLController",
+    "KLKind",
+    "compute_gae",
+    "entropy_from_logits",
+    "logprobs_from_logits",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "per_token_kl",
+    "policy_loss",
+    "token_rewards",
+    "value_loss",
+]
+
+#: Added to the variance before the inverse square root in :func:`masked_whiten` (as trl).
+WHITEN_EPS = 1e-8
+
+KLKind = Literal["kl", "abs", "mse", "low_var_kl"]
+KL_KINDS: tuple[str, ...] = ("kl", "abs", "mse", "low_var_kl")
+
+
+# ---------------------------------------------------------------------------------------------
+# Masks and masked statistics
+# ---------------------------------------------------------------------------------------------
+
+
+def _bool_mask(x: torch.Tensor, mask: torch.Tensor, name: str = "x") -> torch.Tensor:
+    """``mask`` as a bool tensor, after checking that it has exactly the shape of ``x``.
+
+    The shapes must match exactly: broadcasting a ``[B]`` mask against ``[B, T]`` values would
+    silently compute something else.
+    """
+    if mask.shape != x.shape:
+        raise ValueError(
+            f"mask has shape {tuple(mask.shape)} but {name} has shape {tuple(x.shape)}; "
+            "they must be equal ([batch, response_len])"
+        )
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def _check_right_padded(mask: torch.Tensor) -> None:
+    """Raise unless every row of the ``[B, T]`` bool mask is ones then zeros (right padding).
+
+    Rewards go on the last real token and GAE treats the first padded position as the end of the
+    episode; both are wrong for a left-padded or holed mask, so this is an error, not a warning.
+    (One device synchronisation per call; these functions run once per PPO batch.)
+    """
+    if mask.dim() != 2:
+        raise ValueError(f"expected a [batch, response_len] mask, got shape {tuple(mask.shape)}")
+    if mask.shape[1] > 1:
+        bad = mask[:, 1:] & ~mask[:, :-1]  # a real token right after a padded one
+        if bool(bad.any()):
+            row = int(bad.any(dim=1).nonzero()[0, 0])
+            raise ValueError(
+                f"mask row {row} is not right-padded ({mask[row].int().tolist()}): response "
+                "tensors must hold the real tokens first and the padding after them"
+            )
+
+
+def masked_mean(
+    x: torch.Tensor, mask: torch.Tensor, dim: int | None = None
+) -> torch.Tensor:
+    """Mean of ``x`` over the positions where ``mask`` is true.
+
+    ``dim=None``: one scalar over every masked element of the batch (a token-level mean, which is
+    how trl averages losses over a mini-batch). ``dim=d``: the mean along ``d`` (e.g. ``dim=1``
+    gives a per-sample mean, shape ``[B]``). An empty mask (along ``dim``) gives ``nan`` (0/0);
+    the trainer drops samples with no response token, so a loss never sees one.
+    """
+    m = _bool_mask(x, mask)
+    total = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    count = m.to(x.dtype)
+    if dim is None:
+        return total.sum() / count.sum()
+    return total.sum(dim=dim) / count.sum(dim=dim)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of ``x`` over all masked elements of the batch (a 0-dim tensor).
+
+    ``unbiased=True`` applies Bessel's correction ``n / (n - 1)`` like trl; it then needs at
+    least two masked elements (one with ``unbiased=False``) and raises ``ValueError`` otherwise,
+    instead of returning ``inf`` or ``nan`` that would poison the whitened advantages.
+    """
+    m = _bool_mask(x, mask)
+    n = int(m.sum())
+    if n < (2 if unbiased else 1):
+        raise ValueError(
+            f"masked_var needs at least {2 if unbiased else 1} masked element(s), got {n}"
+            + (" (unbiased variance divides by n - 1)" if unbiased else "")
+        )
+    mean = masked_mean(x, m)
+    variance = masked_mean((x - mean) ** 2, m)
+    if unbiased:
+        variance = variance * (n / (n - 1))
+    return variance
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """Whiten ``x`` with the mean and (unbiased) variance of all its masked elements.
+
+    Returns ``(x - mean) / sqrt(var + 1e-8)``, plus ``mean`` again when ``shift_mean=False``
+    (scale only), and 0 at padded positions. The statistics are pooled over the whole batch, i.e.
+    over the samples of all three agents together, as the original system did (it passed the 96
+    QR/Selector/Generator samples to one ``PPOTrainer.step``).
+    """
+    m = _bool_mask(x, mask)
+    mean = masked_mean(x, m)
+    var = masked_var(x, m, unbiased=True)
+    whitened = (x - mean) * torch.rsqrt(var + WHITEN_EPS)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(m, whitened, torch.zeros((), dtype=whitened.dtype, device=x.device))
+
+
+# ---------------------------------------------------------------------------------------------
+# Log-probabilities, entropy, KL
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_logits(logits: torch.Tensor, labels: torch.Tensor | None = None) -> None:
+    if logits.dim() < 2:
+        raise ValueError(f"logits must be [..., vocab], got shape {tuple(logits.shape)}")
+    if labels is not None and labels.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"labels have shape {tuple(labels.shape)} but logits have shape "
+            f"{tuple(logits.shape)}; expected labels of shape {tuple(logits.shape[:-1])}"
+        )
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """``log softmax(logits)[label]`` per position, in fp32, differentiable.
+
+    ``logits``: ``[B, T, V]`` (any leading shape ``[..., V]``) in any float dtype, e.g. the bf16
+    output of the policy for the positions that predict the response tokens; ``labels``:
+    ``[B, T]`` token ids. Returns fp32 ``[B, T]``.
+
+    Memory: ``log_softmax`` of the whole batch would materialise a second ``[B, T, V]`` tensor,
+    in fp32 four times the size of bf16 logits (for Llama-3's 128k vocabulary, 32 x 512 tokens is
+    8 GiB). Here one row of the first dimension is upcast at a time and the log-probability is
+    ``logit[label] - logsumexp(logits)``, so the extra memory is one ``[T, V]`` fp32 row.
+    Labels at padded positions must still be valid ids (any id, e.g. the pad id): the values
+    there are garbage that the masks ignore.
+    """
+    _check_logits(logits, labels)
+    if logits.dim() == 2:
+        logits, labels = logits.unsqueeze(0), labels.unsqueeze(0)
+        return logprobs_from_logits(logits, labels).squeeze(0)
+    rows = []
+    for row_logits, row_labels in zip(logits, labels, strict=True):
+        row = row_logits.float()
+        picked = row.gather(-1, row_labels.unsqueeze(-1).long()).squeeze(-1)
+        rows.append(picked - torch.logsumexp(row, dim=-1))
+    return torch.stack(rows)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy ``-sum p log p`` of the softmax distribution at every position, fp32.
+
+    ``logits``: ``[..., V]``; returns ``[...]``. ``0 log 0`` counts as 0, so ``-inf`` logits
+    (tokens masked out) are fine. One upcast row of the first dimension at a time (see
+    :func:`logprobs_from_logits`). Used for logging only.
+    """
+    _check_logits(logits)
+    if logits.dim() == 2:
+        return entropy_from_logits(logits.unsqueeze(0)).squeeze(0)
+    rows = []
+    for row_logits in logits:
+        row = row_logits.float()
+        probs = torch.softmax(row, dim=-1)
+        rows.append(-torch.special.xlogy(probs, probs).sum(dim=-1))
+    return torch.stack(rows)
+
+
+def per_token_kl(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: KLKind | str = "kl"
+) -> torch.Tensor:
+    """A per-token estimate of KL(policy || reference) from the sampled tokens' log-probs.
+
+    With ``d = logp - logp_ref`` for a token sampled from the policy:
+
+    * ``"kl"``: ``d`` (k1). Unbiased, can be negative per token. The original system's reward
+      estimator (trl ``kl_penalty="kl"``); :func:`token_rewards` uses it.
+    * ``"abs"``: ``|d|``.
+    * ``"mse"``: ``d^2 / 2`` (k2).
+    * ``"low_var_kl"``: ``exp(-d) + d - 1`` (k3, Schulman's estimator): unbiased, never
+      negative, lower variance; the better number to log.
+
+    All four are exactly 0 where the policy equals the reference. Returns the shape of the inputs;
+    no masking (mask afterwards).
+    """
+    if logprobs.shape != ref_logprobs.shape:
+        raise ValueError(
+            f"logprobs {tuple(logprobs.shape)} and ref_logprobs {tuple(ref_logprobs.shape)} "
+            "must have the same shape"
+        )
+    diff = logprobs - ref_logprobs
+    if kind == "kl":
+        return diff
+    if kind == "abs":
+        return diff.abs()
+    if kind == "mse":
+        return 0.5 * diff.square()
+    if kind == "low_var_kl":
+        # log r with r = p_ref / p; k3 = (r - 1) - log r.
+        log_ratio = -diff
+        return torch.expm1(log_ratio) - log_ratio
+    raise ValueError(f"unknown KL estimator {kind!r}; expected one of {list(KL_KINDS)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Rewards and advantages (rollout time: no gradients)
+# ---------------------------------------------------------------------------------------------
+
+
+def _float_dtype(x: torch.Tensor) -> torch.dtype:
+    """At least fp32 for rewards and advantages, whatever the model's dtype (bf16 values)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+@torch.no_grad()
+def token_rewards(
+    scores: torch.Tensor | Sequence[float],
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    kl_coef: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token PPO rewards of a batch of single-turn episodes.
+
+    ``scores``: ``[B]``, each sample's scalar reward (the shared answer F1 plus that agent's
+    penalty). ``logprobs`` / ``ref_logprobs``: ``[B, T]`` log-probs of the sampled response tokens
+    under the rollout policy and under the reference (warm-start) model. ``mask``: ``[B, T]``,
+    right-padded. ``kl_coef``: the KL controller's current value (beta).
+
+    Returns ``(rewards, non_score_reward, kl)``, each ``[B, T]`` in at least fp32, 0 at padding:
+
+    * ``kl = logp - logp_ref`` (estimator ``"kl"``, as the original);
+    * ``non_score_reward = -kl_coef * kl`` on every real token;
+    * ``rewards = non_score_reward`` plus ``scores[i]`` on the last real token of row ``i``.
+
+    A row with no response token (all-false mask) gets no reward anywhere: its score is dropped
+    and all three outputs are 0 in that row. Nothing crashes; the trainer drops such samples
+    before the update (a 0-token action has nothing to reinforce).
+    """
+    m = _bool_mask(logprobs, mask, "logprobs")
+    _check_right_padded(m)
+    dtype = _float_dtype(logprobs)
+    scores_t = torch.as_tensor(scores, dtype=dtype, device=logprobs.device)
+    if scores_t.shape != (logprobs.shape[0],):
+        raise ValueError(
+            f"scores have shape {tuple(scores_t.shape)}; expected one score per row, "
+            f"shape ({logprobs.shape[0]},)"
+        )
+    zero = torch.zeros((), dtype=dtype, device=logprobs.device)
+    kl = torch.where(m, per_token_kl(logprobs.to(dtype), ref_logprobs.to(dtype), "kl"), zero)
+    non_score_reward = -kl_coef * kl
+    # With right padding the last real token is the one whose successor is padding (or the end).
+    next_real = torch.cat([m[:, 1:], torch.zeros_like(m[:, :1])], dim=1)
+    is_last = m & ~next_real
+    rewards = non_score_reward + torch.where(is_last, scores_t[:, None], zero)
+    return rewards, non_score_reward, kl
+
+
+@torch.no_grad()
+def compute_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over each row's response, one episode per row.
+
+    ``rewards`` (from :func:`token_rewards`) and ``values`` (the value head at the rollout, the
+    value of the state before each response token): ``[B, T]``, right-padded by ``mask``.
+
+    ``delta_t = r_t + gamma * V_{t+1} - V_t`` with ``V = 0`` after the last real token (the
+    episode ends there: an agent's response is its own single-turn episode and its value is never
+    bootstrapped from another agent's); ``A_t = delta_t + gamma * lam * A_{t+1}``, computed right
+    to left with a loop over ``T``, vectorised over the batch.
+
+    Returns ``(advantages, returns)``, ``[B, T]`` in at least fp32, 0 at padding, no gradient;
+    ``returns = advantages + values`` are the value-loss targets. The advantages are NOT whitened
+    here: whiten them over the whole batch with :func:`masked_whiten` (all agents pooled), as the
+    original did.
+    """
+    m = _bool_mask(values, mask, "values")
+    _check_right_padded(m)
+    if rewards.shape != values.shape:
+        raise ValueError(
+            f"rewards {tuple(rewards.shape)} and values {tuple(values.shape)} must have the "
+            "same shape"
+        )
+    dtype = _float_dtype(values)
+    zero = torch.zeros((), dtype=dtype, device=values.device)
+    values = torch.where(m, values.to(dtype), zero)
+    rewards = torch.where(m, rewards.to(dtype), zero)
+    batch, length = values.shape
+    advantages = torch.zeros_like(values)
+    last_gae = torch.zeros(batch, dtype=dtype, device=values.device)
+    for t in reversed(range(length)):
+        # Padding has value 0, so the value after the last real token is 0 (terminal).
+        next_values = values[:, t + 1] if t + 1 < length else zero
+        delta = rewards[:, t] + gamma * next_values - values[:, t]
+        last_gae = torch.where(m[:, t], delta + gamma * lam * last_gae, zero)
+        advantages[:, t] = last_gae
+    returns = advantages + values
+    return advantages, returns
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses (update time: differentiable in logprobs / values)
+# ---------------------------------------------------------------------------------------------
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cliprange: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO clipped surrogate loss over the masked tokens of a mini-batch.
+
+    ``ratio = exp(logp - old_logp)``; per token ``max(-A * ratio, -A * clip(ratio, 1 - c, 1 + c))``
+    (the pessimistic of the two objectives), averaged over all masked tokens of the mini-batch.
+    ``logprobs`` carry the gradient; ``old_logprobs`` (rollout) and ``advantages`` (whitened) are
+    constants and are detached here.
+
+    Returns ``(loss, stats)`` with detached 0-dim stats: ``clipfrac`` (fraction of tokens where the
+    clipped term was taken, i.e. the gradient is cut), ``approx_kl`` (``0.5 * mean((logp -
+    old)^2)``, as trl), ``policy_kl`` (``mean(old - logp)``), ``ratio_mean`` (the trainer skips a
+    mini-batch when it is above its ratio threshold, 10 in the original).
+    """
+    m = _bool_mask(logprobs, mask, "logprobs")
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    log_ratio = torch.where(m, logprobs - old_logprobs.detach(), zero)  # 0 -> ratio 1 at padding
+    advantages = torch.where(m, advantages.detach().to(logprobs.dtype), zero)
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+    loss = masked_mean(torch.maximum(unclipped, clipped), m)
+    with torch.no_grad():
+        stats = {
+            "clipfrac": masked_mean((clipped > unclipped).to(logprobs.dtype), m),
+            "approx_kl": 0.5 * masked_mean(log_ratio.square(), m),
+            "policy_kl": masked_mean(-log_ratio, m),
+            "ratio_mean": masked_mean(ratio, m),
+        }
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    cliprange_value: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped value loss ``0.5 * mean(max((v - R)^2, (clip(v, old - c, old + c) - R)^2))``.
+
+    ``values`` carry the gradient (current value head); ``old_values`` (rollout) and ``returns``
+    (from :func:`compute_gae`) are constants. Clipping keeps the value head within ``c`` of its
+    rollout prediction, as the policy is kept near its rollout policy. The trainer multiplies the
+    loss by ``vf_coef`` (0.1 in the paper).
+
+    Returns ``(loss, stats)`` with detached 0-dim stats: ``vf_clipfrac`` (fraction of tokens where
+    the clipped error was the larger), ``value_mean`` (mean of ``values``), ``return_mean``, and
+    ``explained_variance`` ``1 - Var(R - v) / Var(R)`` of the current ``values`` (1: perfect,
+    0: no better than a constant; ``nan`` when the returns are constant).
+    """
+    m = _bool_mask(values, mask, "values")
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    values = torch.where(m, values, zero)
+    old_values = torch.where(m, old_values.detach().to(values.dtype), zero)
+    returns = torch.where(m, returns.detach().to(values.dtype), zero)
+    clipped_values = torch.minimum(
+        torch.maximum(values, old_values - cliprange_value), old_values + cliprange_value
+    )
+    err_unclipped = (values - returns).square()
+    err_clipped = (clipped_values - returns).square()
+    loss = 0.5 * masked_mean(torch.maximum(err_unclipped, err_clipped), m)
+    with torch.no_grad():
+        var_returns = _population_var(returns, m)
+        var_residual = _population_var(returns - values, m)
+        undefined = torch.full_like(var_returns, math.nan)
+        explained = torch.where(var_returns > 0, 1.0 - var_residual / var_returns, undefined)
+        stats = {
+            "vf_clipfrac": masked_mean((err_clipped > err_unclipped).to(values.dtype), m),
+            "value_mean": masked_mean(values, m),
+            "return_mean": masked_mean(returns, m),
+            "explained_variance": explained,
+        }
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def _population_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Biased variance without a device sync (for statistics; ``nan`` on an empty mask)."""
+    mean = masked_mean(x, mask)
+    return masked_mean((x - mean).square(), mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# KL coefficient controllers
+# ---------------------------------------------------------------------------------------------
+
+
+class KLController(Protocol):
+    """What the trainer needs from a KL controller."""
+
+    value: float
+
+    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> float: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def _finite_float(value: float | torch.Tensor, name: str) -> float:
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {number}")
+    return number
+
+
+def _check_state(state: dict[str, Any], kind: str) -> float:
+    if not isinstance(state, dict) or state.get("type") != kind:
+        found = state.get("type") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(
+            f"KL controller state is of type {found!r}, expected {kind!r}: the checkpoint was "
+            "written with the other controller; resume with the same mappo KL settings"
+        )
+    if "value" not in state:
+        raise ValueError(f"KL controller state has no 'value' key (keys: {sorted(state)})")
+    return _finite_float(state["value"], "KL controller state 'value'")
+
+
+@dataclass
+class AdaptiveKLController:
+    """Adaptive KL coefficient (Ziegler et al. 2019; trl 0.9.6), with a floor.
+
+    After each PPO step, with ``current_kl`` the batch's mean summed KL per sample:
+    ``e = clip(current_kl / target - 1, -0.2, 0.2)``, ``value *= 1 + e * n_steps / horizon``,
+    then ``value = max(value, min_kl_coef)``. ``n_steps`` is the number of samples in the step
+    (trl passed its batch size: 3 agents x 32 questions = 96 in the original).
+
+    Defaults are the original's: ``init_kl_coef`` 0.2 (the paper's beta_max), ``target`` 6,
+    ``horizon`` 10000, and the paper's beta_min 0.06 as the floor (the code used 0.05, 0.06 or
+    0.08 depending on the file). The floor keeps the policy tied to the warm-start model when the
+    KL stays below target for a long time, which otherwise decays beta towards 0.
+    """
+
+    init_kl_coef: float = 0.2
+    target: float = 6.0
+    horizon: float = 10000.0
+    min_kl_coef: float = 0.06
+
+    def __post_init__(self) -> None:
+        for name in ("init_kl_coef", "target", "horizon"):
+            if not (_finite_float(getattr(self, name), name) > 0):
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not _finite_float(self.min_kl_coef, "min_kl_coef") >= 0:
+            raise ValueError(f"min_kl_coef must be >= 0, got {self.min_kl_coef}")
+        self.value: float = max(float(self.init_kl_coef), float(self.min_kl_coef))
+
+    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> float:
+        """Adapt ``value`` to the measured KL; returns the new value."""
+        kl = _finite_float(current_kl, "current_kl")
+        if n_steps < 0:
+            raise ValueError(f"n_steps must be >= 0, got {n_steps}")
+        proportional_error = min(max(kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + proportional_error * n_steps / self.horizon
+        self.value = max(self.value, float(self.min_kl_coef))
+        return self.value
+
+    def state_dict(self) -> dict[str, Any]:
+        """The adapted value and, for the record, the settings it was adapted under."""
+        return {
+            "type": "adaptive",
+            "value": self.value,
+            "init_kl_coef": self.init_kl_coef,
+            "target": self.target,
+            "horizon": self.horizon,
+            "min_kl_coef": self.min_kl_coef,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the adapted value on resume; settings come from the resumed run's arguments.
+
+        The floor of the resumed run applies to the restored value.
+        """
+        self.value = max(_check_state(state, "adaptive"), float(self.min_kl_coef))
+
+
+@dataclass
+class FixedKLController:
+    """A constant KL coefficient (trl's ``adap_kl_ctrl=False``)."""
+
+    kl_coef: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not _finite_float(self.kl_coef, "kl_coef") >= 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        self.value: float = float(self.kl_coef)
+
+    def update(self, current_kl: float | torch.Tensor, n_steps: int) -> float:
+        """No adaptation; returns the value."""
+        return self.value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"type": "fixed", "value": self.value}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Check the checkpoint's controller type; the value stays the configured ``kl_coef``.
+
+        A fixed coefficient is a setting, not state: a resumed run uses its own ``kl_coef``.
+        """
+        _check_state(state, "fixed")

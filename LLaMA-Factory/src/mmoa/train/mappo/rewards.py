@@ -1,0 +1,252 @@
+"""MAPPO rewards: the shared answer reward and each agent's format penalty.
+
+Every agent's score is ``R_shared + P_agent``: the shared reward is a QA metric of the final
+answer (F1 by default, through :mod:`mmoa.metrics`, the same definition the evaluation reports),
+and the penalty (a value <= 0, added; the paper writes ``R - P`` with a positive P) punishes an
+output that breaks its agent's format. The trainer puts each score on that agent's last response
+token (:func:`mmoa.train.mappo.ppo_math.token_rewards`).
+
+The penalties read the flags and counts of :mod:`mmoa.agents.parsers`; they never re-parse text.
+Defaults are the paper's values, with these decisions (all configurable in :class:`PenaltyConfig`):
+
+Query Rewriter, ``-0.5`` when any rule fires (one penalty, not one per rule, as the original):
+    more than 4 sub-questions written, more than 300 characters over the written lines, or an
+    empty output. The count is checked on the output as written (``raw_count``); the original
+    truncated to 4 first, so its count rule could never fire. An empty output (nothing usable, so
+    the pipeline falls back to the original question) is penalised by default: without it,
+    emitting nothing would be a free way to copy the question, and a collapse to the empty output
+    would cost the policy nothing. ``qr_penalize_empty=False`` restores the original behaviour.
+Selector, ``-1.0`` when any rule fires:
+    an output that is not exactly ``DocumentI,DocumentJ,...``, an id outside ``0..K-1``, or a
+    repeated id. An empty output (no document selected) is well-formed and not penalised, as in
+    the original; ``selector_penalize_empty`` can change that.
+Generator, ``-0.5`` when the answer has more than 30 words:
+    the paper's value (the original code used ``-1.0``). Words are counted in the extracted answer
+    (:attr:`AnswerParse.num_words`), which is what the shared reward scores; the original, which
+    scored the whole output, counted the whole output. An answer without the ``**answer**`` form
+    costs ``generator_format_penalty``, 0 by default: the SFT warm start already teaches the form,
+    and the answer is still extracted and scored without it. Length and format penalties add up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mmoa.agents.parsers import AnswerParse, SelectionParse, SubquestionParse
+from mmoa.agents.prompts import AGENTS, AgentName
+from mmoa.metrics import score_answer
+
+__all__ = [
+    "METRICS",
+    "AgentRewards",
+    "Penalty",
+    "PenaltyConfig",
+    "compute_agent_rewards",
+    "generator_penalty",
+    "qr_penalty",
+    "selector_penalty",
+    "shared_reward",
+]
+
+#: Metrics of :func:`mmoa.metrics.score_answer` usable as the shared reward.
+METRICS: tuple[str, ...] = ("f1", "em", "acc")
+
+
+@dataclass(frozen=True)
+class PenaltyConfig:
+    """Penalty values (each <= 0, added to the shared reward) and the limits that trigger them.
+
+    Defaults: the paper (MMOA-RAG §3.3.1, Table 6) where it gives a value; see the module
+    docstring for the decisions where it does not.
+    """
+
+    qr_penalty: float = -0.5
+    qr_max_subquestions: int = 4
+    qr_max_chars: int = 300
+    qr_penalize_empty: bool = True
+    selector_penalty: float = -1.0
+    selector_penalize_empty: bool = False
+    generator_penalty: float = -0.5
+    generator_max_words: int = 30
+    generator_format_penalty: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("qr_penalty", "selector_penalty", "generator_penalty",
+                     "generator_format_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+            if not math.isfinite(value) or value > 0:
+                raise ValueError(
+                    f"{name} must be a finite number <= 0 (penalties are added to the reward; "
+                    f"write -0.5, not 0.5), got {value}"
+                )
+        for name in ("qr_max_subquestions", "qr_max_chars", "generator_max_words"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("qr_penalize_empty", "selector_penalize_empty"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class Penalty:
+    """One agent's penalty: its ``value`` (<= 0) and the names of the rules that fired.
+
+    Only rules with a non-zero penalty are reported (a disabled rule never fires), so the rate of
+    each reason is the rate at which it actually cost reward.
+    """
+
+    value: float = 0.0
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def fired(self) -> bool:
+        return bool(self.reasons)
+
+
+def qr_penalty(parse: SubquestionParse, config: PenaltyConfig) -> Penalty:
+    """The Query Rewriter's penalty; reasons among ``too_many``, ``too_long``, ``empty``.
+
+    The limits are the config's, applied to the counts of the output as written
+    (``raw_count``, ``total_chars``), so the config alone decides; the parser's own flags use the
+    parser's limits and serve logging.
+    """
+    reasons: list[str] = []
+    if config.qr_penalty != 0:
+        if parse.raw_count > config.qr_max_subquestions:
+            reasons.append("too_many")
+        if parse.total_chars > config.qr_max_chars:
+            reasons.append("too_long")
+        if parse.empty and config.qr_penalize_empty:
+            reasons.append("empty")
+    return Penalty(config.qr_penalty if reasons else 0.0, tuple(reasons))
+
+
+def selector_penalty(parse: SelectionParse, config: PenaltyConfig) -> Penalty:
+    """The Selector's penalty; reasons among ``malformed``, ``out_of_range``, ``duplicate``,
+    ``empty`` (the last only with ``selector_penalize_empty``)."""
+    reasons: list[str] = []
+    if config.selector_penalty != 0:
+        reasons = [name for name in ("malformed", "out_of_range", "duplicate")
+                   if getattr(parse, name)]
+        # Nothing selected and no violation: the output was empty (or blank).
+        if config.selector_penalize_empty and not parse.ids and not reasons:
+            reasons.append("empty")
+    return Penalty(config.selector_penalty if reasons else 0.0, tuple(reasons))
+
+
+def generator_penalty(parse: AnswerParse, config: PenaltyConfig) -> Penalty:
+    """The Generator's penalty; reasons ``too_long`` (more than ``generator_max_words`` words in
+    the answer) and ``not_bold`` (no ``**answer**``, only if ``generator_format_penalty != 0``),
+    whose values add up."""
+    value = 0.0
+    reasons: list[str] = []
+    if config.generator_penalty != 0 and parse.num_words > config.generator_max_words:
+        value += config.generator_penalty
+        reasons.append("too_long")
+    if config.generator_format_penalty != 0 and not parse.bold:
+        value += config.generator_format_penalty
+        reasons.append("not_bold")
+    return Penalty(value, tuple(reasons))
+
+
+def shared_reward(
+    prediction: str,
+    golds: str | Sequence[str],
+    metric: str = "f1",
+    normalizer: str = "mmoa",
+) -> float:
+    """The reward every agent shares: ``metric`` of the final answer against the gold aliases.
+
+    :func:`mmoa.metrics.score_answer` with its defaults (answer extraction, the yes/no rule,
+    maximum over aliases), which is exactly what the evaluation reports, so the policy is trained
+    on the number it is evaluated with. ``metric``: ``"f1"`` (the paper's), ``"em"`` or ``"acc"``.
+    """
+    if metric not in METRICS:
+        raise ValueError(f"unknown reward metric {metric!r}; expected one of {list(METRICS)}")
+    return float(getattr(score_answer(prediction, golds, normalizer=normalizer), metric))
+
+
+@dataclass(frozen=True)
+class AgentRewards:
+    """The rewards of one question's pipeline trace.
+
+    ``penalties`` has one entry per agent that acted (an agent absent from the pipeline mode,
+    e.g. the Query Rewriter in ``s_g``, has none and gets no PPO sample).
+    """
+
+    shared: float
+    penalties: Mapping[AgentName, Penalty] = field(default_factory=dict)
+
+    @property
+    def agents(self) -> tuple[AgentName, ...]:
+        """The agents that acted, in pipeline order."""
+        return tuple(a for a in AGENTS if a in self.penalties)
+
+    def penalty(self, agent: AgentName) -> float:
+        return self._penalty(agent).value
+
+    def total(self, agent: AgentName) -> float:
+        """The agent's PPO score: shared reward + its penalty."""
+        return self.shared + self._penalty(agent).value
+
+    @property
+    def totals(self) -> dict[AgentName, float]:
+        return {agent: self.total(agent) for agent in self.agents}
+
+    def _penalty(self, agent: AgentName) -> Penalty:
+        try:
+            return self.penalties[agent]
+        except KeyError:
+            raise KeyError(
+                f"no reward for agent {agent!r}: only {list(self.agents)} acted in this trace"
+            ) from None
+
+    def as_dict(self) -> dict[str, Any]:
+        """A flat, JSON-ready view for logs: ``shared``, ``penalty/<agent>``, ``total/<agent>``
+        and ``reason/<agent>/<rule>`` (1.0 where that rule fired)."""
+        row: dict[str, Any] = {"shared": self.shared}
+        for agent in self.agents:
+            pen = self.penalties[agent]
+            row[f"penalty/{agent}"] = pen.value
+            row[f"total/{agent}"] = self.shared + pen.value
+            for reason in pen.reasons:
+                row[f"reason/{agent}/{reason}"] = 1.0
+        return row
+
+
+def compute_agent_rewards(
+    qr: SubquestionParse | None,
+    selection: SelectionParse | None,
+    answer: AnswerParse | None,
+    prediction: str,
+    golds: str | Sequence[str],
+    *,
+    config: PenaltyConfig | None = None,
+    metric: str = "f1",
+    normalizer: str = "mmoa",
+) -> AgentRewards:
+    """Shared reward and per-agent penalties of one question, from the three parse results.
+
+    Pass ``None`` for an agent that did not act in this pipeline mode. ``prediction`` is the
+    final answer as the pipeline reports it (``Trace.answer``, normally ``answer.answer``);
+    ``golds`` the gold aliases. Independent of the pipeline module on purpose: the trainer calls
+    it per question with whatever it rolled out.
+    """
+    config = config or PenaltyConfig()
+    penalties: dict[AgentName, Penalty] = {}
+    if qr is not None:
+        penalties["qr"] = qr_penalty(qr, config)
+    if selection is not None:
+        penalties["selector"] = selector_penalty(selection, config)
+    if answer is not None:
+        penalties["generator"] = generator_penalty(answer, config)
+    return AgentRewards(
+        shared=shared_reward(prediction, golds, metric=metric, normalizer=normalizer),
+        penalties=penalties,
+    )

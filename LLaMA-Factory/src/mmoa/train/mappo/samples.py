@@ -1,0 +1,84 @@
+"""PPO samples of all optimised agents, pooled, and their batched tensors.
+
+Every agent call of a rollout becomes one sample: the agent's prompt ids, its response ids and
+its scalar score (shared answer reward + that agent's penalty). Samples of different agents are
+pooled into one batch, as parameter sharing means one policy learns from all of them.
+
+For the forward passes a sample is laid out as ``prompt + response``, right-padded. The response
+token ``t`` is predicted from position ``len(prompt) + t - 1``, and the value of the state before
+it is read from the same position, so both come out as ``[batch, max_response_len]`` tensors
+aligned with a response mask: prompt and padding tokens never enter a loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Sample:
+    agent: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    score: float
+
+
+@dataclass
+class SampleBatch:
+    """Right-padded model inputs and the response-aligned gather positions."""
+
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    response_ids: torch.Tensor  # [B, T] (pad where mask is 0)
+    response_mask: torch.Tensor  # [B, T] float
+    positions: torch.Tensor  # [B, T] index into L of the logits predicting each response token
+
+    def to(self, device: torch.device | str) -> SampleBatch:
+        return SampleBatch(*(t.to(device) for t in (
+            self.input_ids, self.attention_mask, self.response_ids, self.response_mask,
+            self.positions)))
+
+
+def collate(samples: Sequence[Sample], pad_id: int) -> SampleBatch:
+    if not samples:
+        raise ValueError("collate needs at least one sample")
+    lengths = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    width = max(lengths)
+    max_response = max(len(s.response_ids) for s in samples)
+    n = len(samples)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    response_ids = torch.full((n, max_response), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((n, max_response), dtype=torch.float32)
+    positions = torch.zeros((n, max_response), dtype=torch.long)
+    for row, sample in enumerate(samples):
+        if not sample.response_ids:
+            raise ValueError(f"sample {row} ({sample.agent}) has an empty response")
+        sequence = sample.prompt_ids + sample.response_ids
+        input_ids[row, : len(sequence)] = torch.tensor(sequence, dtype=torch.long)
+        attention[row, : len(sequence)] = 1
+        r = len(sample.response_ids)
+        response_ids[row, :r] = torch.tensor(sample.response_ids, dtype=torch.long)
+        response_mask[row, :r] = 1.0
+        start = len(sample.prompt_ids) - 1
+        positions[row, :r] = torch.arange(start, start + r)
+        positions[row, r:] = start + r - 1  # any valid index; masked out
+    return SampleBatch(input_ids, attention, response_ids, response_mask, positions)
+
+
+def gather_positions(tensor: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``tensor[b, positions[b, t], ...]`` for a ``[B, L, ...]`` tensor."""
+    if tensor.dim() == 2:
+        return torch.gather(tensor, 1, positions)
+    index = positions.unsqueeze(-1).expand(-1, -1, tensor.shape[-1])
+    return torch.gather(tensor, 1, index)
+
+
+def minibatches(n: int, size: int, generator: torch.Generator | None = None,
+                shuffle: bool = True) -> list[list[int]]:
+    """Index lists covering ``range(n)`` in chunks of ``size`` (shuffled when asked)."""
+    order = torch.randperm(n, generator=generator).tolist() if shuffle else list(range(n))
+    return [order[i: i + size] for i in range(0, n, size)]

@@ -1,0 +1,429 @@
+"""``MappoTrainer``: the MAPPO loop inside a ``transformers.Trainer`` subclass.
+
+Subclassing ``Trainer`` gives us its accelerator (DDP), optimiser and LR scheduler, its
+``TrainerState`` and its callback handler, so LLaMA-Factory's ``LogCallback`` writes
+``trainer_log.jsonl`` (the web UI's progress bar), its SIGABRT stop button works and
+``plot_loss`` draws our curves. The loop itself is ours (LLaMA-Factory's PPO stage cannot run
+with the trl it installs):
+
+    questions -> sampled QR -> retrieval -> Selector -> Generator  (one batched pipeline)
+              -> rewards (shared answer F1 + per-agent penalties)
+              -> PPO update of the shared policy and value head on the pooled agent samples
+
+Checkpoints hold everything needed to continue bit-for-bit: weights (adapter or full), value
+head, optimiser, scheduler, KL controller, RNG states and the data position.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from transformers import Trainer
+
+from mmoa.agents.pipeline import GenerationSettings, RagPipeline, Trace
+from mmoa.agents.render import PromptRenderer
+from mmoa.data.records import QARecord
+from mmoa.fileio import atomic_dir, atomic_write_json
+from mmoa.train.mappo.args import MappoArguments
+from mmoa.train.mappo.learner import PolicyWithValue, PPOConfig, PPOLearner
+from mmoa.train.mappo.rewards import PenaltyConfig, compute_agent_rewards
+from mmoa.train.mappo.samples import Sample
+
+if TYPE_CHECKING:
+    from mmoa.agents.pipeline import DocumentRetriever
+
+CHECKPOINT_PREFIX = "checkpoint"
+STATE_FILE = "mappo_state.json"
+RNG_FILE = "rng_state.pth"
+OPTIMIZER_FILE = "optimizer.pt"
+SCHEDULER_FILE = "scheduler.pt"
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped early for a reason the user must see (retriever down, NaN losses)."""
+
+
+class MappoTrainer(Trainer):
+    """Jointly optimises the agents named in ``mappo_args.mappo_agents``."""
+
+    def __init__(
+        self,
+        model: PolicyWithValue,
+        tokenizer: Any,
+        template: str,
+        records: Sequence[QARecord],
+        retriever: DocumentRetriever,
+        args: Any,
+        mappo_args: MappoArguments,
+        ppo_epochs: int,
+        kl_target: float,
+        whiten_rewards: bool = False,
+        callbacks: list[Any] | None = None,
+    ) -> None:
+        super().__init__(model=model, args=args, processing_class=tokenizer, callbacks=callbacks)
+        if not records:
+            raise ValueError("the MAPPO dataset is empty")
+        self.records = list(records)
+        self.retriever = retriever
+        self.mappo_args = mappo_args
+        self.renderer = PromptRenderer(tokenizer, template)
+        self.penalties = PenaltyConfig(
+            qr_penalty=mappo_args.mappo_qr_penalty,
+            qr_max_subquestions=mappo_args.mappo_qr_max_subquestions,
+            qr_max_chars=mappo_args.mappo_qr_max_chars,
+            selector_penalty=mappo_args.mappo_selector_penalty,
+            generator_penalty=mappo_args.mappo_generator_penalty,
+            generator_max_words=mappo_args.mappo_generator_max_words,
+        )
+        self.questions_per_step = mappo_args.mappo_questions_per_rollout or (
+            args.per_device_train_batch_size * args.gradient_accumulation_steps)
+        global_batch = self.questions_per_step * args.world_size
+        if args.max_steps and args.max_steps > 0:
+            self.total_steps = int(args.max_steps)
+        else:
+            self.total_steps = max(1, math.ceil(args.num_train_epochs * len(self.records)
+                                                / global_batch))
+        self.steps_per_epoch = max(1, math.ceil(len(self.records) / global_batch))
+        self.create_optimizer_and_scheduler(num_training_steps=self.total_steps)
+        self.ppo_config = PPOConfig(
+            ppo_epochs=ppo_epochs,
+            mini_batch_size=args.per_device_train_batch_size,
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
+            forward_batch_size=max(args.per_device_train_batch_size, 8),
+            cliprange=mappo_args.mappo_cliprange,
+            cliprange_value=mappo_args.mappo_cliprange_value,
+            vf_coef=mappo_args.mappo_vf_coef,
+            gamma=mappo_args.mappo_gamma,
+            lam=mappo_args.mappo_lam,
+            whiten_advantages=mappo_args.mappo_whiten_advantages,
+            whiten_rewards=whiten_rewards,
+            max_grad_norm=args.max_grad_norm,
+            adaptive_kl=mappo_args.mappo_adaptive_kl,
+            init_kl_coef=mappo_args.mappo_init_kl_coef,
+            kl_target=kl_target,
+            kl_horizon=mappo_args.mappo_kl_horizon,
+            min_kl_coef=mappo_args.mappo_min_kl_coef,
+        )
+        self._stop_signal: int | None = None
+        self._nonfinite_in_a_row = 0
+
+    # -- data order ----------------------------------------------------------------------------
+
+    def step_records(self, step: int) -> list[QARecord]:
+        """This process's questions of global step ``step`` (a pure function of the seed)."""
+        per_step = self.questions_per_step * self.args.world_size
+        start = step * per_step
+        out = []
+        for position in range(start, start + per_step):
+            epoch, offset = divmod(position, len(self.records))
+            order = self._epoch_order(epoch)
+            out.append(self.records[order[offset]])
+        rank = self.args.process_index
+        return out[rank * self.questions_per_step: (rank + 1) * self.questions_per_step]
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        cache = getattr(self, "_order_cache", None)
+        if cache is None or cache[0] != epoch:
+            generator = torch.Generator().manual_seed(self.args.seed * 1000 + epoch)
+            cache = (epoch, torch.randperm(len(self.records), generator=generator).tolist())
+            self._order_cache = cache
+        return cache[1]
+
+    # -- rollout and rewards -------------------------------------------------------------------
+
+    def rollout(self, records: Sequence[QARecord]) -> tuple[list[Trace], dict[str, float]]:
+        policy = self.accelerator.unwrap_model(self.model).policy
+        policy.eval()
+        settings = GenerationSettings(
+            do_sample=True,
+            temperature=self.mappo_args.mappo_temperature,
+            top_p=self.mappo_args.mappo_top_p,
+            max_new_tokens=self.mappo_args.max_new_tokens(),
+            constrained_selector=self.mappo_args.mappo_constrained_selector,
+        )
+        pipeline = RagPipeline(policy, self.processing_class, self.renderer, self.retriever,
+                               mode="qr_s_g", k=self.mappo_args.mappo_top_k, settings=settings)
+        traces: list[Trace] = []
+        timings: dict[str, float] = defaultdict(float)
+        size = self.mappo_args.mappo_rollout_batch_size
+        for offset in range(0, len(records), size):
+            traces.extend(pipeline.run([r.question for r in records[offset: offset + size]]))
+            for key, seconds in pipeline.last_timings.as_dict().items():
+                timings[key] += seconds
+        return traces, dict(timings)
+
+    def make_samples(self, records: Sequence[QARecord], traces: Sequence[Trace]
+                     ) -> tuple[list[Sample], dict[str, float]]:
+        samples: list[Sample] = []
+        logs: dict[str, list[float]] = defaultdict(list)
+        for record, trace in zip(records, traces, strict=True):
+            assert trace.qr_parse and trace.selection_parse and trace.answer_parse
+            rewards = compute_agent_rewards(
+                trace.qr_parse, trace.selection_parse, trace.answer_parse, trace.answer,
+                record.answers, config=self.penalties,
+                metric=self.mappo_args.mappo_reward_metric,
+                normalizer=self.mappo_args.mappo_normalizer)
+            logs["answer_f1"].append(rewards.shared)
+            for agent in ("qr", "selector", "generator"):
+                logs[f"penalty_rate/{agent}"].append(float(rewards.penalties[agent].fired))
+                logs[f"reward/{agent}"].append(rewards.totals[agent])
+                logs[f"response_length/{agent}"].append(len(trace.calls[agent].response_ids))
+            logs["num_subquestions"].append(len(trace.subquestions))
+            logs["num_selected"].append(len(trace.selected))
+            for agent in self.mappo_args.optimized_agents:
+                call = trace.calls[agent]
+                samples.append(Sample(agent, call.prompt_ids, call.response_ids,
+                                      rewards.totals[agent]))
+        summary = {k: float(np.mean(v)) for k, v in logs.items()}
+        summary["reward"] = float(np.mean([s.score for s in samples])) if samples else 0.0
+        return samples, summary
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def mappo_train(self, resume_from_checkpoint: str | None = None) -> None:
+        model = self.accelerator.prepare_model(self.model)
+        self.model_wrapped = model
+        learner = PPOLearner(
+            model, self.optimizer, self.ppo_config, self._pad_id(),
+            unwrap=self.accelerator.unwrap_model,
+            backward=self.accelerator.backward,
+            generator=torch.Generator().manual_seed(self.args.seed),
+        )
+        start_step = 0
+        if resume_from_checkpoint:
+            start_step = self.load_mappo_checkpoint(resume_from_checkpoint, learner)
+        self.state.max_steps = self.total_steps
+        self.state.num_train_epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+        self.state.logging_steps = self.args.logging_steps
+        self.state.save_steps = self.args.save_steps
+        self.state.is_local_process_zero = self.is_local_process_zero()
+        self.state.is_world_process_zero = self.is_world_process_zero()
+        self.control = self.callback_handler.on_train_begin(self.args, self.state, self.control)
+        previous = self._install_signal_handlers()
+        # Progress: Trainer's ProgressCallback draws the bar from on_step_end / on_log.
+        try:
+            for step in range(start_step, self.total_steps):
+                logs = self._train_step(step, learner)
+                self.state.global_step = step + 1
+                self.state.epoch = (step + 1) / self.steps_per_epoch
+                self.control = self.callback_handler.on_step_end(self.args, self.state,
+                                                                 self.control)
+                if (step + 1) % self.args.logging_steps == 0 or step == 0 \
+                        or step + 1 == self.total_steps:
+                    self.log(logs)
+                should_save = self.args.save_steps and (step + 1) % self.args.save_steps == 0
+                if should_save or self._stop_signal is not None:
+                    self.save_mappo_checkpoint(learner)
+                if self._stop_signal is not None:
+                    name = signal.Signals(self._stop_signal).name
+                    print(f"[mappo] {name} received: checkpoint saved at step {step + 1}, "
+                          "stopping.", flush=True)
+                    break
+                if self.control.should_training_stop:
+                    self.save_mappo_checkpoint(learner)
+                    break
+        finally:
+            self._restore_signal_handlers(previous)
+        self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
+
+    def _train_step(self, step: int, learner: PPOLearner) -> dict[str, float]:
+        from mmoa.retrieval.client import RetrieverRequestError, RetrieverUnavailableError
+
+        records = self.step_records(step)
+        t0 = time.perf_counter()
+        try:
+            traces, timings = self.rollout(records)
+        except (RetrieverUnavailableError, RetrieverRequestError) as err:
+            if self.state.global_step > 0:
+                self.save_mappo_checkpoint(learner)
+            raise TrainingStopped(
+                f"retrieval failed at step {step + 1} after all retries ({err}); the last "
+                f"completed step ({self.state.global_step}) is saved in "
+                f"{self.args.output_dir}. Restart the server and resume with "
+                f"resume_from_checkpoint."
+            ) from err
+        t1 = time.perf_counter()
+        samples, logs = self.make_samples(records, traces)
+        rollout = learner.prepare(samples)
+        t2 = time.perf_counter()
+        stats = learner.update(rollout)
+        kl = learner.update_kl(rollout)
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        t3 = time.perf_counter()
+        if stats["skipped_updates"] >= stats["updates"]:
+            self._nonfinite_in_a_row += 1
+            print(f"[mappo] warning: step {step + 1}: non-finite loss, update skipped "
+                  f"({self._nonfinite_in_a_row} in a row)", flush=True)
+            if self._nonfinite_in_a_row >= self.mappo_args.mappo_max_nonfinite_steps:
+                self.save_mappo_checkpoint(learner)
+                raise TrainingStopped(
+                    f"{self._nonfinite_in_a_row} steps in a row had non-finite losses; "
+                    "stopping (lower the learning rate or check the data)")
+        else:
+            self._nonfinite_in_a_row = 0
+        generate = timings.get("qr", 0.0) + timings.get("selector", 0.0) \
+            + timings.get("generator", 0.0)
+        logs.update({
+            "loss": stats.get("loss", float("nan")),
+            "policy_loss": stats.get("policy_loss", float("nan")),
+            "value_loss": stats.get("value_loss", float("nan")),
+            "entropy": stats.get("entropy", float("nan")),
+            "clipfrac": stats.get("clipfrac", float("nan")),
+            "approx_kl": stats.get("approx_kl", float("nan")),
+            "grad_norm": stats.get("grad_norm", float("nan")),
+            "kl": kl,
+            "kl_coef": float(learner.kl_ctl.value),
+            "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
+            "time/generate": generate,
+            "time/retrieve": timings.get("retrieve", 0.0),
+            "time/score": t2 - t1,
+            "time/update": t3 - t2,
+            "time/rollout": t1 - t0,
+            "time/step": t3 - t0,
+        })
+        logs = self._mean_over_processes(logs)
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in logs.items()}
+
+    def _mean_over_processes(self, logs: dict[str, float]) -> dict[str, float]:
+        """Every process rolled out its own questions: log the mean over all of them."""
+        if self.args.world_size <= 1:
+            return logs
+        keys = sorted(logs)
+        values = torch.tensor([float(logs[k]) for k in keys], dtype=torch.float64,
+                              device=self.accelerator.device)
+        values = self.accelerator.reduce(values, reduction="mean")
+        return dict(zip(keys, values.tolist(), strict=True))
+
+    def _pad_id(self) -> int:
+        tokenizer = self.processing_class
+        return tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+            else tokenizer.eos_token_id
+
+    # -- signals -------------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        def handler(signum: int, _frame: Any) -> None:
+            self._stop_signal = signum
+
+        previous = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            # Outside the main thread (e.g. a web UI worker) signals cannot be caught.
+            with contextlib.suppress(ValueError):
+                previous[sig] = signal.signal(sig, handler)
+        return previous
+
+    @staticmethod
+    def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def save_policy(self, folder: Path) -> None:
+        """Adapter (LoRA) or full weights, the value head and the tokenizer."""
+        unwrapped: PolicyWithValue = self.accelerator.unwrap_model(self.model)
+        unwrapped.policy.save_pretrained(folder, safe_serialization=True)
+        unwrapped.v_head.save(folder)
+        self.processing_class.save_pretrained(folder)
+
+    def save_mappo_checkpoint(self, learner: PPOLearner) -> Path:
+        folder = Path(self.args.output_dir) / f"{CHECKPOINT_PREFIX}-{self.state.global_step}"
+        if not self.is_world_process_zero():
+            return folder
+        with atomic_dir(folder) as tmp:
+            self.save_policy(tmp)
+            torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+            if self.lr_scheduler is not None:
+                torch.save(self.lr_scheduler.state_dict(), tmp / SCHEDULER_FILE)
+            atomic_write_json(tmp / STATE_FILE, {
+                "global_step": self.state.global_step,
+                "kl_controller": learner.kl_ctl.state_dict(),
+                "nonfinite_in_a_row": self._nonfinite_in_a_row,
+                "questions_per_step": self.questions_per_step,
+                "world_size": self.args.world_size,
+            })
+            torch.save({
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+                "torch": torch.get_rng_state(),
+                "learner_generator": learner.generator.get_state() if learner.generator
+                else None,
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            }, tmp / RNG_FILE)
+            self.state.save_to_json(str(tmp / "trainer_state.json"))
+        self.callback_handler.on_save(self.args, self.state, self.control)
+        return folder
+
+    def load_mappo_checkpoint(self, folder: str | os.PathLike[str], learner: PPOLearner) -> int:
+        path = Path(folder)
+        state_file = path / STATE_FILE
+        if not state_file.is_file():
+            raise FileNotFoundError(f"{path}: not a MAPPO checkpoint (no {STATE_FILE})")
+        saved = json.loads(state_file.read_text())
+        if saved["questions_per_step"] != self.questions_per_step or \
+                saved["world_size"] != self.args.world_size:
+            raise ValueError(
+                f"{path}: saved with {saved['questions_per_step']} questions per step on "
+                f"{saved['world_size']} processes; this run uses {self.questions_per_step} on "
+                f"{self.args.world_size}, so the data order would not continue")
+        unwrapped: PolicyWithValue = self.accelerator.unwrap_model(self.model)
+        load_policy_weights(unwrapped.policy, path)
+        unwrapped.v_head.load(path)
+        self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=False))
+        if self.lr_scheduler is not None and (path / SCHEDULER_FILE).is_file():
+            self.lr_scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE,
+                                                         weights_only=False))
+        learner.kl_ctl.load_state_dict(saved["kl_controller"])
+        self._nonfinite_in_a_row = saved["nonfinite_in_a_row"]
+        rng = torch.load(path / RNG_FILE, weights_only=False)
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+        if rng.get("learner_generator") is not None and learner.generator is not None:
+            learner.generator.set_state(rng["learner_generator"])
+        if rng.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        state_json = path / "trainer_state.json"
+        if state_json.is_file():
+            from transformers import TrainerState
+
+            loaded = TrainerState.load_from_json(str(state_json))
+            self.state.log_history = loaded.log_history
+        self.state.global_step = saved["global_step"]
+        return int(saved["global_step"])
+
+
+def load_policy_weights(policy: torch.nn.Module, folder: Path) -> None:
+    """Loads what :meth:`MappoTrainer.save_policy` wrote: a LoRA adapter or full weights."""
+    from safetensors.torch import load_file
+
+    adapter = folder / "adapter_model.safetensors"
+    if adapter.is_file():
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(policy, load_file(str(adapter)))
+        if getattr(result, "unexpected_keys", None):
+            raise ValueError(f"{adapter}: unexpected keys {result.unexpected_keys[:5]}")
+        return
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"{folder}: neither adapter_model.safetensors nor "
+                                "model.safetensors")
+    missing, unexpected = policy.load_state_dict(load_file(str(weights)), strict=False)
+    tied = {"lm_head.weight"} if getattr(policy.config, "tie_word_embeddings", False) else set()
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"{weights}: missing {sorted(set(missing) - tied)[:5]}, unexpected "
+                         f"{unexpected[:5]}")

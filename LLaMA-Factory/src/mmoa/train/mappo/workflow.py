@@ -1,0 +1,130 @@
+"""The ``mappo`` stage end to end: arguments, checks, models, trainer, saving and plots.
+
+The order matters for the user: the retrieval server and the dataset are checked first, so a
+wrong URL or a dataset without gold answers fails in seconds, before a large model is loaded.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from mmoa.data.loaders import load_qa
+from mmoa.data.records import QARecord
+from mmoa.data.registry import resolve_dataset
+from mmoa.train.mappo.args import MappoArguments, split_mappo_args
+
+PLOT_KEYS = ["loss", "reward", "answer_f1", "kl", "kl_coef", "value_loss"]
+
+
+def load_mappo_records(dataset: str, dataset_dir: str, max_samples: int | None) -> list[QARecord]:
+    """The prompt set, resolved through ``dataset_info.json``; every record needs answers."""
+    records: list[QARecord] = []
+    for name in [n.strip() for n in dataset.split(",") if n.strip()]:
+        path, fmt = resolve_dataset(name, dataset_dir)
+        loaded = load_qa(path, fmt, max_samples=max_samples)
+        without = [r.id for r in loaded if not r.answers]
+        if without:
+            raise ValueError(f"dataset {name!r} ({path}): {len(without)} questions have no gold "
+                             f"answers (e.g. {without[0]!r}); MAPPO rewards need them")
+        records.extend(loaded)
+    if not records:
+        raise ValueError(f"dataset {dataset!r} has no questions")
+    return records
+
+
+def check_retriever(mappo_args: MappoArguments) -> Any:
+    from mmoa.retrieval.client import RetrievalClient
+
+    client = RetrievalClient(
+        mappo_args.mappo_retriever_url, token=mappo_args.mappo_retriever_token,
+        timeout=mappo_args.mappo_retriever_timeout, retries=mappo_args.mappo_retriever_retries,
+    )
+    health = client.health()  # raises RetrieverUnavailableError naming the URL
+    print(f"[mappo] retriever {client.url}: {health.get('corpus_size', '?')} passages, "
+          f"{health.get('index_type', '?')} index", flush=True)
+    return client
+
+
+def run_mappo_from_config(config: dict[str, Any]) -> int:
+    from mmoa.retrieval.client import RetrieverUnavailableError
+    from mmoa.train.mappo.trainer import TrainingStopped
+
+    try:
+        run_mappo(config)
+    except (RetrieverUnavailableError, TrainingStopped, ValueError, KeyError,
+            FileNotFoundError) as err:
+        print(f"[mappo] error: {err}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def run_mappo(config: dict[str, Any], callbacks: list[Any] | None = None) -> None:
+    import torch
+    from llamafactory.extras.ploting import plot_loss
+
+    trainer, training_args, finetuning_args = build_mappo_trainer(config, callbacks)
+    torch.manual_seed(training_args.seed)
+    trainer.mappo_train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    if trainer.is_world_process_zero():
+        output = Path(training_args.output_dir)
+        output.mkdir(parents=True, exist_ok=True)
+        trainer.save_policy(output)
+        trainer.state.save_to_json(str(output / "trainer_state.json"))
+        if finetuning_args.plot_loss:
+            plot_loss(str(output), keys=PLOT_KEYS)
+
+
+def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = None
+                        ) -> tuple[Any, Any, Any]:
+    """``(trainer, training_args, finetuning_args)`` with every check done and models loaded."""
+    from llamafactory.hparams import get_train_args
+    from llamafactory.model import load_model, load_tokenizer
+    from llamafactory.train.callbacks import LogCallback
+    from llamafactory.train.trainer_utils import create_ref_model
+
+    from mmoa.train.mappo.learner import PolicyWithValue
+    from mmoa.train.mappo.trainer import MappoTrainer
+    from mmoa.train.mappo.value_head import ValueHead
+
+    mappo_args, rest = split_mappo_args(config)
+    rest.setdefault("do_train", True)
+    model_args, data_args, training_args, finetuning_args, _ = get_train_args(rest)
+    if not data_args.dataset:
+        raise ValueError("the mappo stage needs `dataset` (a MAPPO prompt set)")
+    if training_args.deepspeed:
+        # Rollouts generate with the full weights on every rank; under ZeRO-3 that needs a
+        # parameter gather per generate call, which this stage does not do yet.
+        raise ValueError(
+            "the mappo stage does not support `deepspeed` yet: run it with DDP (torchrun, "
+            "FORCE_TORCHRUN=1) and LoRA; the ZeRO configs in LLaMA-Factory/examples/deepspeed "
+            "apply to the SFT stage")
+    records = load_mappo_records(",".join(data_args.dataset), data_args.dataset_dir,
+                                 data_args.max_samples)
+    retriever = check_retriever(mappo_args)
+
+    tokenizer = load_tokenizer(model_args)["tokenizer"]
+    tokenizer.padding_side = "left"
+    policy = load_model(tokenizer, model_args, finetuning_args, is_trainable=True)
+    hidden = policy.config.get_text_config().hidden_size
+    value_head = ValueHead(hidden).to(device=next(policy.parameters()).device)
+    ref_model = None
+    if finetuning_args.finetuning_type != "lora":
+        ref_model = create_ref_model(model_args, finetuning_args, add_valuehead=False)
+        if ref_model is None:  # no `ref_model` given: a frozen copy of the starting weights
+            ref_model = load_model(tokenizer, model_args, finetuning_args, is_trainable=False)
+        ref_model.requires_grad_(False).eval()
+    if model_args.adapter_name_or_path and (
+            Path(model_args.adapter_name_or_path[0]) / "value_head.safetensors").is_file():
+        value_head.load(model_args.adapter_name_or_path[0])
+    model = PolicyWithValue(policy, value_head, ref_model)
+
+    trainer = MappoTrainer(
+        model=model, tokenizer=tokenizer, template=data_args.template, records=records,
+        retriever=retriever, args=training_args, mappo_args=mappo_args,
+        ppo_epochs=finetuning_args.ppo_epochs, kl_target=finetuning_args.ppo_target,
+        whiten_rewards=finetuning_args.ppo_whiten_rewards,
+        callbacks=[LogCallback(), *(callbacks or [])],
+    )
+    return trainer, training_args, finetuning_args

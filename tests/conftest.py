@@ -1,0 +1,64 @@
+"""Shared fixtures: a small demo world and the tiny model made from it, each built once a session.
+
+Every test that needs a real causal LM asks for ``tiny_model_dir``: a real ``LlamaForCausalLM``
+with its Llama-3-style tokenizer (``template: llama3``), made in a few seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mmoa.data.demo_world import (
+    DemoWorld,
+    DemoWorldConfig,
+    generate_demo_world,
+    write_demo_world,
+)
+from mmoa.tiny_model import default_extra_texts, demo_world_texts, make_tiny_model
+
+#: Small enough to build in about a second, big enough to have every kind of question.
+TINY_WORLD_CONFIG = DemoWorldConfig(n_passages=300, n_train=100, n_dev=30, n_test=30, seed=11)
+
+
+@pytest.fixture(scope="session")
+def tiny_world() -> DemoWorld:
+    return generate_demo_world(TINY_WORLD_CONFIG)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_world: DemoWorld) -> Path:
+    """The tiny model (default sizes) with its tokenizer trained on ``tiny_world``."""
+    out = tmp_path_factory.mktemp("tiny_model") / "tiny-llama3"
+    make_tiny_model(demo_world_texts(tiny_world), out, extra_texts=default_extra_texts())
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_world_dir(tmp_path_factory: pytest.TempPathFactory, tiny_world: DemoWorld) -> Path:
+    """``tiny_world`` written to disk (corpus.jsonl, train/dev/test.jsonl, world.json)."""
+    out = tmp_path_factory.mktemp("tiny_world") / "demo"
+    write_demo_world(tiny_world, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_index_dir(tmp_path_factory: pytest.TempPathFactory, tiny_world_dir: Path) -> Path:
+    """A Flat index over ``tiny_world``'s corpus with the bundled MiniLM encoder."""
+    from mmoa.retrieval.builder import BuildConfig, build_index
+
+    out = tmp_path_factory.mktemp("tiny_index") / "index"
+    build_index(BuildConfig(corpus=str(tiny_world_dir / "corpus.jsonl"), output=str(out),
+                            progress=False))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_server_url(tiny_index_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The real retrieval server (gunicorn, subprocess) on a loopback port over ``tiny_world``."""
+    from tests.retrieval_fixtures import running_server
+
+    log = tmp_path_factory.mktemp("tiny_server") / "server.log"
+    with running_server(["--index", str(tiny_index_dir)], log_path=log) as server:
+        yield server.url
