@@ -333,3 +333,60 @@ def test_mismatched_index_exits_with_code_4(index_dir: Path, tmp_path: Path) -> 
     result = run_launcher(["--index", str(copy), "--port", str(free_port())])
     assert result.returncode == 4, result.stderr
     assert "encoder fingerprint" in result.stderr and "corpus checksum" in result.stderr
+
+
+def test_faiss_gpu_on_without_gpu_is_refused_at_start(index_dir: Path) -> None:
+    from mmoa.retrieval.index import faiss_gpu_count
+
+    if faiss_gpu_count():
+        pytest.skip("a GPU is visible")
+    result = run_launcher(["--index", str(index_dir), "--port", str(free_port()),
+                           "--faiss-gpu", "on"])
+    assert result.returncode == 2 and "no GPU" in result.stderr
+
+
+# ------------------------------------------------------------------ options and environment
+
+
+def parse(argv: list[str]) -> Any:
+    from mmoa.retrieval.server import build_arg_parser, config_from_args
+
+    parser = build_arg_parser()
+    return config_from_args(parser.parse_args(argv), parser)
+
+
+def test_environment_sets_options_and_arguments_win(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    monkeypatch.setenv("MMOA_RETRIEVER_INDEX", "/data/index")
+    monkeypatch.setenv("MMOA_RETRIEVER_PORT", "8123")
+    monkeypatch.setenv("MMOA_RETRIEVER_THREADS", "7")
+    monkeypatch.setenv("MMOA_RETRIEVER_MICRO_BATCHING", "0")
+    monkeypatch.setenv("MMOA_RETRIEVER_FAISS_FP16", "true")
+    monkeypatch.setenv("MMOA_RETRIEVER_ENCODER", "/models/contriever")
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    config = parse(["--port", "9000", "--token-file", str(token)])
+    assert config.index == "/data/index" and config.port == 9000 and config.threads == 7
+    assert config.host == "127.0.0.1"  # loopback unless told otherwise
+    assert config.batcher.enabled is False and config.faiss.fp16 is True
+    assert config.encoder_model == "/models/contriever"
+    assert config.token == "s3cret" and config.app.token == "s3cret"
+    assert parse(["--micro-batching"]).batcher.enabled is True
+
+
+@pytest.mark.parametrize(("argv", "env", "message"), [
+    (["--index", "x", "--port", "0"], {}, "--port must be positive"),
+    (["--index", "x", "--max-k", "5"], {}, "--default-n and --default-topk must lie in"),
+    (["--index", "x"], {"MMOA_RETRIEVER_THREADS": "many"}, "MMOA_RETRIEVER_THREADS='many'"),
+    (["--index", "x"], {"MMOA_RETRIEVER_FAISS_GPU": "maybe"}, "choose from auto, on, off"),
+])
+def test_bad_options_are_usage_errors(monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str], argv: list[str],
+                                      env: dict[str, str], message: str) -> None:
+    monkeypatch.delenv("MMOA_RETRIEVER_INDEX", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as info:
+        parse(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err

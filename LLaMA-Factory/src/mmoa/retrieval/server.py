@@ -309,6 +309,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except IndexMismatchError as err:
         print(f"retrieval server: error: {err}", file=sys.stderr)
         return EXIT_INDEX_MISMATCH
+    if config.faiss.gpu == "on":
+        from mmoa.retrieval.index import faiss_gpu_count
+
+        if faiss_gpu_count() == 0:
+            print("retrieval server: error: --faiss-gpu on, but this faiss build has no GPU "
+                  "support or no GPU is visible", file=sys.stderr)
+            return EXIT_USAGE
     if not _is_loopback(config.host) and config.token is None:
         print(f"retrieval server: warning: listening on {config.host} without a token; anyone "
               f"who can reach the port can query it", file=sys.stderr)
