@@ -7,14 +7,5 @@
 #   bash LLaMA-Factory/run_sft.sh CONFIG.yaml num_train_epochs=1     # key=value overrides
 #
 # Paths inside the configs are relative to the repository root, where this script runs.
-set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
-if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then
-  # shellcheck disable=SC1091
-  source .venv/bin/activate
-fi
-CONFIG=${1:-LLaMA-Factory/examples/demo/tiny_full_sft.yaml}
-shift || true
-exec mmoa-cli train "$CONFIG" "$@"
+exec bash "$(dirname "${BASH_SOURCE[0]}")/train_with_config.sh" \
+  LLaMA-Factory/examples/demo/tiny_full_sft.yaml "$@"

@@ -48,16 +48,10 @@ def _cmd_demo_world(args: argparse.Namespace) -> int:
 
 
 def _load_qa_from_args(args: argparse.Namespace):
-    from mmoa.data.loaders import load_qa
-    from mmoa.data.registry import resolve_dataset
+    from mmoa.data.registry import load_dataset_records
 
-    if (args.dataset is None) == (args.data_file is None):
-        raise ValueError("give exactly one of --dataset (a registered name) or --data_file")
-    if args.dataset is not None:
-        path, fmt = resolve_dataset(args.dataset, args.dataset_dir)
-    else:
-        path, fmt = args.data_file, args.data_format
-    return load_qa(path, fmt, max_samples=args.max_samples)
+    return load_dataset_records(args.dataset, args.dataset_dir, args.data_file,
+                                args.data_format, args.max_samples)
 
 
 def _cmd_sft_data(args: argparse.Namespace) -> int:

@@ -16,9 +16,8 @@ from statistics import fmean
 from typing import Any
 
 from mmoa.agents.pipeline import MODE_AGENTS, MODES, GenerationSettings, RagPipeline, Trace
-from mmoa.data.loaders import load_qa
 from mmoa.data.records import QARecord
-from mmoa.data.registry import resolve_dataset
+from mmoa.data.registry import load_dataset_records
 from mmoa.fileio import atomic_write_json, atomic_write_jsonl
 from mmoa.metrics import score_answer
 
@@ -60,11 +59,8 @@ class EvalConfig:
 
 
 def load_records(config: EvalConfig) -> list[QARecord]:
-    if config.dataset is not None:
-        path, fmt = resolve_dataset(config.dataset, config.dataset_dir)
-    else:
-        path, fmt = Path(str(config.data_file)), config.data_format
-    return load_qa(path, fmt, max_samples=config.max_samples)
+    return load_dataset_records(config.dataset, config.dataset_dir, config.data_file,
+                                config.data_format, config.max_samples)
 
 
 def _rouge_l(prediction: str, golds: Sequence[str]) -> float:

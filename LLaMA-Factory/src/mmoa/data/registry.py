@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mmoa.data.records import QARecord
 from mmoa.fileio import DataFormatError, atomic_write_json
 
 DATASET_INFO = "dataset_info.json"
@@ -57,3 +58,22 @@ def resolve_dataset(name: str, dataset_dir: str | Path) -> tuple[Path, str]:
     if not path.exists():
         raise FileNotFoundError(f"dataset {name!r}: {path} (from {registry}) does not exist")
     return path, str(entry.get("mmoa_format", "auto"))
+
+
+def load_dataset_records(
+    dataset: str | None,
+    dataset_dir: str | Path,
+    data_file: str | Path | None,
+    data_format: str = "auto",
+    max_samples: int | None = None,
+) -> list[QARecord]:
+    """QA records from exactly one of a registered ``dataset`` name or a ``data_file``."""
+    from mmoa.data.loaders import load_qa
+
+    if (dataset is None) == (data_file is None):
+        raise ValueError("give exactly one of --dataset (a registered name) or --data_file")
+    if dataset is not None:
+        path, fmt = resolve_dataset(dataset, dataset_dir)
+    else:
+        path, fmt = Path(data_file), data_format  # type: ignore[arg-type]
+    return load_qa(path, fmt, max_samples=max_samples)
