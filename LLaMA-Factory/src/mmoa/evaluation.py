@@ -7,6 +7,7 @@ The pipeline runs greedily over a QA set in batches; every question's trace and 
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Sequence
@@ -63,16 +64,15 @@ def load_records(config: EvalConfig) -> list[QARecord]:
                                 config.data_format, config.max_samples)
 
 
-def _rouge_l(prediction: str, golds: Sequence[str]) -> float:
+@functools.lru_cache(maxsize=1)
+def _rouge_scorer() -> Any:
     from rouge_score import rouge_scorer
 
-    scorer = _rouge_l.scorer  # type: ignore[attr-defined]
-    if scorer is None:
-        scorer = _rouge_l.scorer = rouge_scorer.RougeScorer(["rougeL"])  # type: ignore[attr-defined]
-    return max(scorer.score(g, prediction)["rougeL"].fmeasure for g in golds)
+    return rouge_scorer.RougeScorer(["rougeL"])
 
 
-_rouge_l.scorer = None  # type: ignore[attr-defined]
+def _rouge_l(prediction: str, golds: Sequence[str]) -> float:
+    return max(_rouge_scorer().score(g, prediction)["rougeL"].fmeasure for g in golds)
 
 
 def _support_recall(record: QARecord, trace: Trace, selected_only: bool) -> float | None:
