@@ -32,6 +32,12 @@ from mmoa.agents.render import PromptRenderer
         ("3,4", 10, False, False),
         (",", 10, False, False),
         ("Document3 ", 10, False, False),
+        ("Document3,Document3", 10, False, False),  # a repeated id
+        ("Document3,Document9,Document3", 10, False, False),
+        ("Document1,Document1", 13, True, False),  # may still become Document10..12
+        ("Document1,Document10,Document1", 11, False, False),  # no unused id starts with 1
+        ("Document0,Document", 1, False, False),  # k=1: nothing left to add after Document0
+        ("Document0,", 1, False, False),
     ],
 )
 def test_selector_grammar(text: str, k: int, valid: bool, complete: bool) -> None:
@@ -70,6 +76,7 @@ def test_constrained_sampling_is_always_well_formed(tiny, tiny_world, k: int) ->
         assert is_valid_prefix(text, k), text
         parsed = parse_selection(text, k)
         assert not parsed.malformed and not parsed.out_of_range, text
+        assert len(set(parsed.ids)) == len(parsed.ids), text
     assert any(parse_selection(t, k).ids for t in texts), "expected some non-empty selections"
 
 

@@ -7,10 +7,12 @@ allowed when the text generated so far plus that token is still a prefix of
 
     ""  |  Document<id>(,Document<id>)*      with 0 <= id < K, no leading zeros
 
-and end-of-sequence is allowed only after a complete id (or at the very start: selecting nothing
-is a legitimate answer). This works with any tokenizer, whatever the merges of its vocabulary, and
-with K > 10. Duplicated ids stay possible; they are the policy's mistake to learn from, and the
-Selector penalty sees them.
+where no id appears twice, and end-of-sequence is allowed only after a complete id (or at the
+very start: selecting nothing is a legitimate answer). This works with any tokenizer, whatever the
+merges of its vocabulary, and with K > 10. Repeating an id is excluded too: a duplicate carries no
+information, and a small warm-started model otherwise loops on ``Document0,Document0,...`` until
+its token budget runs out. The Selector penalty still scores malformed, out-of-range and duplicate
+ids, for outputs decoded without this processor.
 """
 
 from __future__ import annotations
@@ -34,19 +36,19 @@ def is_valid_prefix(text: str, k: int) -> bool:
     """Whether ``text`` can still be completed into a well-formed selection over ``k`` ids."""
     if text == "":
         return True
-    items = text.split(SEPARATOR)
-    for position, item in enumerate(items):
-        last = position == len(items) - 1
-        if not last and not _is_complete_item(item, k):
-            return False
-        if last and not _is_item_prefix(item, k):
-            return False
-    return True
+    *done, last = text.split(SEPARATOR)
+    if not all(_is_complete_item(item, k) for item in done) or len(set(done)) < len(done):
+        return False
+    used = {int(item[len(PREFIX):]) for item in done}
+    return _is_item_prefix(last, k, used)
 
 
 def is_complete(text: str, k: int) -> bool:
     """Whether ``text`` is a finished selection (end-of-sequence may follow)."""
-    return text == "" or all(_is_complete_item(item, k) for item in text.split(SEPARATOR))
+    if text == "":
+        return True
+    items = text.split(SEPARATOR)
+    return all(_is_complete_item(item, k) for item in items) and len(set(items)) == len(items)
 
 
 def _is_complete_item(item: str, k: int) -> bool:
@@ -57,7 +59,9 @@ def _is_complete_item(item: str, k: int) -> bool:
     )
 
 
-def _is_item_prefix(item: str, k: int) -> bool:
+def _is_item_prefix(item: str, k: int, used: set[int]) -> bool:
+    if len(used) >= k:  # every id is taken: no further item can be completed
+        return False
     if len(item) <= len(PREFIX):
         return PREFIX.startswith(item)
     if not item.startswith(PREFIX):
@@ -65,8 +69,8 @@ def _is_item_prefix(item: str, k: int) -> bool:
     digits = item[len(PREFIX):]
     if not digits.isdigit() or not _no_leading_zero(digits):
         return False
-    # Some id below k must start with these digits.
-    return any(str(i).startswith(digits) for i in range(k))
+    # Some id below k, not selected yet, must start with these digits.
+    return any(str(i).startswith(digits) for i in range(k) if i not in used)
 
 
 def _no_leading_zero(digits: str) -> bool:
