@@ -1,0 +1,45 @@
+"""Pre-training text of the tiny demo model: other worlds, no evaluation-world entity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mmoa.data.demo_world import DemoWorld
+from mmoa.data.pretrain_text import build_pretrain_texts, main, write_pretrain_dataset
+from mmoa.fileio import atomic_write_json
+
+
+def test_texts_come_from_other_worlds_without_evaluation_titles(tiny_world: DemoWorld) -> None:
+    excluded = {p["title"] for p in tiny_world.corpus}
+    texts = build_pretrain_texts(seeds=(5, 6), n_passages=200, exclude_titles=excluded)
+    with_everything = build_pretrain_texts(seeds=(5, 6), n_passages=200)
+    assert 0 < len(texts) < len(with_everything) <= 400
+    titles = {t["text"].split("\n", 1)[0] for t in texts}
+    assert not titles & excluded
+    # Each record is "Title\nText", as documents appear in the agents' prompts.
+    assert all(len(t["text"].split("\n")) == 2 for t in texts)
+    assert texts == build_pretrain_texts(seeds=(5, 6), n_passages=200, exclude_titles=excluded)
+
+
+def test_registration_keeps_foreign_entries(tmp_path: Path) -> None:
+    atomic_write_json(tmp_path / "dataset_info.json", {"mine": {"file_name": "mine.json"}})
+    path = write_pretrain_dataset([{"text": "A\nB."}], tmp_path, "pt_text")
+    info = json.loads((tmp_path / "dataset_info.json").read_text())
+    assert info["mine"] == {"file_name": "mine.json"}
+    assert info["pt_text"] == {"file_name": "pt_text.json", "columns": {"prompt": "text"}}
+    assert json.loads(path.read_text()) == [{"text": "A\nB."}]
+    with pytest.raises(ValueError, match="no pre-training text"):
+        write_pretrain_dataset([], tmp_path, "empty")
+
+
+def test_cli_excludes_the_corpus_titles(tiny_world_dir: Path, tmp_path: Path, capsys) -> None:
+    assert main(["--dataset-dir", str(tmp_path), "--seeds", "7", "--n-passages", "100",
+                 "--exclude-corpus", str(tiny_world_dir / "corpus.jsonl")]) == 0
+    assert "registered as 'demo_pt'" in capsys.readouterr().out
+    corpus_titles = {json.loads(line)["title"]
+                     for line in (tiny_world_dir / "corpus.jsonl").read_text().splitlines()}
+    texts = json.loads((tmp_path / "demo_pt.json").read_text())
+    assert texts and not {t["text"].split("\n", 1)[0] for t in texts} & corpus_titles
