@@ -244,7 +244,10 @@ class MappoTrainer(Trainer):
         records = self.step_records(step)
         t0 = time.perf_counter()
         try:
-            traces, timings = self.rollout(records)
+            # Mixed precision (bf16: true) covers the rollout too; accelerate only wraps the
+            # prepared model's forward, while generation runs on the unwrapped policy.
+            with self.accelerator.autocast():
+                traces, timings = self.rollout(records)
         except (RetrieverUnavailableError, RetrieverRequestError) as err:
             if self.state.global_step > 0:
                 self.save_mappo_checkpoint(learner)
@@ -256,7 +259,8 @@ class MappoTrainer(Trainer):
             ) from err
         t1 = time.perf_counter()
         samples, logs = self.make_samples(records, traces)
-        rollout = learner.prepare(samples)
+        with self.accelerator.autocast():
+            rollout = learner.prepare(samples)
         t2 = time.perf_counter()
         stats = learner.update(rollout)
         kl = learner.update_kl(rollout)
