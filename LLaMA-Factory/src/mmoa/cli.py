@@ -105,7 +105,19 @@ def _add_qa_source_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_data_commands(commands: argparse._SubParsersAction) -> None:
-    data = commands.add_parser("data", help="build datasets (demo world, ...)")
+    data = commands.add_parser(
+        "data", help="build datasets (demo world, SFT data, MAPPO data)",
+        description="Build the demo world, the warm-start SFT data or the MAPPO prompt set.",
+        epilog=(
+            "examples:\n"
+            "  mmoa-cli data demo-world --out data/demo\n"
+            "  mmoa-cli data sft --data_file data/demo/train.jsonl --name demo_sft \\\n"
+            "      --retriever_url http://127.0.0.1:8000\n"
+            "  mmoa-cli data mappo --data_file data/demo/train.jsonl --name demo_mappo\n"
+            "Run 'mmoa-cli data <dataset> --help' for the options of one builder."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     kinds = data.add_subparsers(dest="data_command", metavar="<dataset>", required=True)
     demo = kinds.add_parser(
         "demo-world",
@@ -384,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mmoa {mmoa.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="<command>")
-    version = commands.add_parser("version", help="print the package version")
+    version = commands.add_parser("version", help="print the package version",
+                                  epilog="example: mmoa-cli version")
     version.set_defaults(handler=_cmd_version)
     _add_train_command(commands)
     _add_export_command(commands)
