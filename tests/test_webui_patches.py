@@ -81,6 +81,10 @@ def test_mappo_widgets_are_registered_train_inputs(engine: Any) -> None:
     assert MAPPO_STAGE_LABEL in [choice[0] for choice in stage.choices]
     if not is_accelerator_available():
         assert manager.get_elem_by_id("train.compute_type").value == "fp32"
+    # Switching language re-labels LlamaBoard's widgets and leaves ours (plain labels) alone.
+    for lang in ("en", "ru", "zh", "ko", "ja"):
+        updates = engine.change_lang(lang)
+        assert manager.get_elem_by_id("train.mappo_top_k") not in updates
 
 
 def test_parse_train_args_gives_stage_mappo_with_our_keys(engine: Any) -> None:
@@ -311,25 +315,26 @@ def test_playground_asks_for_a_model_first() -> None:
         session.load("/nonexistent/model", "", "llama3")
 
 
-def test_remove_patches_restores_llamafactory() -> None:
-    """Runs in a fresh interpreter so the module fixture's patches do not interfere."""
-    code = (
-        "import mmoa\n"
-        "from llamafactory.extras.constants import TRAINING_STAGES as S\n"
-        "from llamafactory.webui import interface, runner\n"
-        "before = (dict(S), runner.Popen, runner.Runner._parse_train_args, "
-        "interface.create_train_tab, interface.create_footer, runner.gen_cmd)\n"
-        "from mmoa.webui.patches import apply_patches, remove_patches\n"
-        "apply_patches(); apply_patches()\n"
-        "assert S['MAPPO (multi-agent RAG)'] == 'mappo' and runner.Popen is not before[1]\n"
-        "remove_patches()\n"
-        "after = (dict(S), runner.Popen, runner.Runner._parse_train_args, "
-        "interface.create_train_tab, interface.create_footer, runner.gen_cmd)\n"
-        "assert before == after, (before, after)\n"
-        "print('restored')\n"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT / "LLaMA-Factory" / "src"), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                            text=True, timeout=300, check=False)
-    assert result.returncode == 0 and "restored" in result.stdout, result.stderr[-2000:]
+def test_remove_patches_restores_llamafactory(ui: tuple[Any, Any]) -> None:
+    from llamafactory.extras.constants import TRAINING_STAGES
+    from llamafactory.webui import interface, runner
+
+    from mmoa.webui import patches
+
+    originals = dict(patches._originals)
+    try:
+        patches.remove_patches()
+        assert MAPPO_STAGE_LABEL not in TRAINING_STAGES
+        assert runner.Popen is originals["popen"]
+        assert runner.Runner._parse_train_args is originals["parse"]
+        assert runner.Runner._initialize is originals["initialize"]
+        assert runner.gen_cmd is originals["gen_cmd"]
+        assert runner.get_trainer_info is originals["trainer_info"]
+        assert interface.create_train_tab is originals["train_tab"]
+        assert interface.create_footer is originals["footer"]
+    finally:
+        patches.apply_patches()
+    wrapped = runner.Runner._parse_train_args
+    patches.apply_patches()  # idempotent: no second layer of wrappers
+    assert runner.Runner._parse_train_args is wrapped
+    assert wrapped.__wrapped__ is originals["parse"]
