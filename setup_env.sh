@@ -4,8 +4,50 @@
 #   MMOA_VENV     where the environment lives (default .venv)
 #   MMOA_EXTRAS   pip extras to install (default "dev": pytest and ruff)
 #   PYTHON        interpreter that creates the venv (default python3, must be >= 3.11)
+#   MMOA_BROWSER  0 skips the Chromium step (the web UI browser test is then skipped)
+# It also installs Debian's chromium and chromium-driver (for the web UI browser test) when
+# chromedriver is missing and apt-get can be used (root or passwordless sudo).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
+
+# The browser test drives the system Chromium through the system chromedriver: no browser is
+# ever downloaded. Quick when they are already there; never fatal (the test says why it skips).
+ensure_browser() {
+  [ "${MMOA_BROWSER:-1}" = "0" ] && return 0
+  if command -v chromedriver >/dev/null 2>&1 \
+     && { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; }; then
+    return 0
+  fi
+  local sudo=""
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] note: chromium/chromedriver not found and apt-get is unavailable: the web UI" \
+         "browser test will be skipped (install Chromium and its chromedriver to run it)" >&2
+    return 0
+  fi
+  if [ "$(id -u)" != "0" ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true >/dev/null 2>&1; then
+      sudo="sudo -n"
+    else
+      echo "[setup] note: chromium/chromedriver not found; run 'sudo apt-get install chromium" \
+           "chromium-driver' to enable the web UI browser test (it is skipped until then)" >&2
+      return 0
+    fi
+  fi
+  echo "[setup] installing Debian's chromium and chromium-driver for the web UI browser test"
+  if ! $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver \
+       >/dev/null 2>&1; then
+    # A fresh machine has no package lists yet.
+    $sudo apt-get update -qq >/dev/null 2>&1 || true
+    if ! $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
+         chromium-driver >/dev/null; then
+      echo "[setup] warning: could not install chromium and chromium-driver with apt-get: the" \
+           "web UI browser test will be skipped" >&2
+      return 0
+    fi
+  fi
+  echo "[setup] $(chromedriver --version 2>/dev/null | cut -d' ' -f1-2) installed"
+}
+ensure_browser
 
 VENV=${MMOA_VENV:-.venv}
 EXTRAS=${MMOA_EXTRAS:-dev}

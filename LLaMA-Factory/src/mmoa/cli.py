@@ -105,7 +105,19 @@ def _add_qa_source_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_data_commands(commands: argparse._SubParsersAction) -> None:
-    data = commands.add_parser("data", help="build datasets (demo world, ...)")
+    data = commands.add_parser(
+        "data", help="build datasets (demo world, SFT data, MAPPO data)",
+        description="Build the demo world, the warm-start SFT data or the MAPPO prompt set.",
+        epilog=(
+            "examples:\n"
+            "  mmoa-cli data demo-world --out data/demo\n"
+            "  mmoa-cli data sft --data_file data/demo/train.jsonl --name demo_sft \\\n"
+            "      --retriever_url http://127.0.0.1:8000\n"
+            "  mmoa-cli data mappo --data_file data/demo/train.jsonl --name demo_mappo\n"
+            "Run 'mmoa-cli data <dataset> --help' for the options of one builder."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     kinds = data.add_subparsers(dest="data_command", metavar="<dataset>", required=True)
     demo = kinds.add_parser(
         "demo-world",
@@ -268,6 +280,111 @@ def _add_export_command(commands: argparse._SubParsersAction) -> None:
     export.set_defaults(handler=_cmd_export)
 
 
+def _cmd_webui(args: argparse.Namespace) -> int:
+    from mmoa.webui.launch import WebUIConfig, launch
+
+    launch(WebUIConfig(host=args.host, port=args.port, share=args.share,
+                       inbrowser=args.inbrowser))
+    return 0
+
+
+def _add_webui_command(commands: argparse._SubParsersAction) -> None:
+    webui = commands.add_parser(
+        "webui",
+        help="LLaMA-Factory's web UI (LlamaBoard) with the MAPPO stage and a RAG playground",
+        description=(
+            "Start LlamaBoard with a 'MAPPO (multi-agent RAG)' stage in the Train tab and a "
+            "'RAG Playground' tab. Like llamafactory-cli webui it works relative to the current "
+            "directory (data/ for datasets, saves/ for runs); unlike it, it binds 127.0.0.1 and "
+            "opens no browser unless asked."
+        ),
+        epilog=(
+            "examples:\n"
+            "  mmoa-cli webui                                  # http://127.0.0.1:7860\n"
+            "  mmoa-cli webui --port 7861\n"
+            "  mmoa-cli webui --host 0.0.0.0 --port 7860      # reachable from the network"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    webui.add_argument("--host", default="127.0.0.1",
+                       help="bind address (default 127.0.0.1; 0.0.0.0 exposes the UI)")
+    webui.add_argument("--port", type=int, default=None,
+                       help="port (default: $GRADIO_SERVER_PORT, else 7860 or the next free)")
+    webui.add_argument("--share", action="store_true",
+                       help="also open a public gradio share link (needs internet)")
+    webui.add_argument("--inbrowser", action="store_true", help="open a local browser tab")
+    webui.set_defaults(handler=_cmd_webui)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from mmoa.retrieval.server import main as serve_main
+
+    return serve_main(args.script_argv)
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    from mmoa.retrieval.builder import main as build_main
+
+    return build_main(args.script_argv)
+
+
+def _add_script_command(commands: argparse._SubParsersAction, name: str,
+                        script_parser: argparse.ArgumentParser, handler: Handler, help_text: str,
+                        description: str, examples: str) -> None:
+    """A sub-command whose options are exactly those of an existing script's parser.
+
+    The script's parser is the parent, so ``--help`` lists the same options, and the handler
+    hands the raw arguments to the script's own ``main`` (same checks, defaults, environment
+    variables and exit codes as the script).
+    """
+    command = commands.add_parser(
+        name, parents=[script_parser], add_help=False, help=help_text, description=description,
+        epilog=examples, formatter_class=argparse.RawDescriptionHelpFormatter,
+        conflict_handler="resolve",
+    )
+    command.set_defaults(handler=handler, script_argv=None)
+
+
+def _add_serve_command(commands: argparse._SubParsersAction) -> None:
+    from mmoa.retrieval.server import ENV_PREFIX, build_arg_parser
+
+    _add_script_command(
+        commands, "serve", build_arg_parser(), _cmd_serve,
+        help_text="start the retrieval server (same as run_server.sh / flask_server.py)",
+        description=(
+            "Serve an index folder over HTTP: gunicorn, one worker process holding the index, "
+            "many request threads sharing one micro-batcher. Binds 127.0.0.1 by default. "
+            f"Every option can also be set as {ENV_PREFIX}<OPTION> in the environment."
+        ),
+        examples=(
+            "examples:\n"
+            "  mmoa-cli serve --index data/demo/index                 # http://127.0.0.1:8000\n"
+            "  mmoa-cli serve --index data/wiki_e5 --port 8001 --threads 64 --faiss-gpu on\n"
+            f"  {ENV_PREFIX}TOKEN=secret mmoa-cli serve --index data/demo/index --host 0.0.0.0"
+        ),
+    )
+
+
+def _add_index_command(commands: argparse._SubParsersAction) -> None:
+    from mmoa.retrieval.builder import build_arg_parser
+
+    _add_script_command(
+        commands, "index", build_arg_parser(), _cmd_index,
+        help_text="build a retrieval index folder (same as data_builders/build_index.py)",
+        description=(
+            "Encode a passage corpus and write an index folder (index.faiss + memory-mapped "
+            "corpus/ + meta.json) for the retrieval server."
+        ),
+        examples=(
+            "examples:\n"
+            "  mmoa-cli index --corpus data/demo/corpus.jsonl --output data/demo/index\n"
+            "  mmoa-cli index --corpus data/psgs_w100.tsv --output data/wiki_contriever \\\n"
+            "      --preset contriever --encoder models/facebook/contriever \\\n"
+            "      --factory IVF65536,PQ64 --device cuda --fp16"
+        ),
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mmoa-cli",
@@ -279,18 +396,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"mmoa {mmoa.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="<command>")
-    version = commands.add_parser("version", help="print the package version")
+    version = commands.add_parser("version", help="print the package version",
+                                  epilog="example: mmoa-cli version")
     version.set_defaults(handler=_cmd_version)
     _add_train_command(commands)
     _add_export_command(commands)
     _add_data_commands(commands)
     _add_eval_command(commands)
+    _add_webui_command(commands)
+    _add_serve_command(commands)
+    _add_index_command(commands)
     return parser
+
+
+#: Sub-commands whose arguments go, unchanged, to an existing script's ``main``.
+SCRIPT_COMMANDS = ("serve", "index")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(arguments)
+    if getattr(args, "command", None) in SCRIPT_COMMANDS:
+        args.script_argv = arguments[arguments.index(args.command) + 1:]
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

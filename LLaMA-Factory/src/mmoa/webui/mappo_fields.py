@@ -1,0 +1,188 @@
+"""The MAPPO fields of the Train tab and the YAML keys they become.
+
+One table (:data:`MAPPO_FIELDS`) says, for every widget, its element name (registered by
+LlamaBoard as ``train.<name>``), the config key it writes and how a widget value becomes a config
+value. Defaults are read from :class:`~mmoa.train.mappo.args.MappoArguments` (and LLaMA-Factory's
+``FinetuningArguments`` for ``ppo_epochs`` / ``ppo_target``), so the UI can never drift from what
+``mmoa-cli train`` does when a key is left out of a YAML file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, fields
+from typing import TYPE_CHECKING, Any, Literal
+
+from mmoa.agents.prompts import AGENTS
+from mmoa.train.mappo.args import MappoArguments
+
+if TYPE_CHECKING:
+    from gradio.components import Component
+
+Kind = Literal["text", "int", "float", "bool", "choice", "agents"]
+
+#: Label of the stage in the Train tab's dropdown (LLaMA-Factory's TRAINING_STAGES key).
+MAPPO_STAGE_LABEL = "MAPPO (multi-agent RAG)"
+MAPPO_STAGE = "mappo"
+
+#: Standard LLaMA-Factory keys that the MAPPO accordion shows (they keep LLaMA-Factory's meaning).
+LLAMAFACTORY_KEYS = ("ppo_epochs", "ppo_target")
+
+
+def _default(key: str) -> Any:
+    if key in LLAMAFACTORY_KEYS:
+        from llamafactory.hparams import FinetuningArguments
+
+        owner: type = FinetuningArguments
+    else:
+        owner = MappoArguments
+    for f in fields(owner):
+        if f.name == key:
+            if f.default is MISSING:
+                raise KeyError(f"{owner.__name__}.{key} has no default")
+            return f.default
+    raise KeyError(f"{key} is not a field of {owner.__name__}")
+
+
+@dataclass(frozen=True)
+class MappoField:
+    """One widget of the MAPPO accordion and the config key it fills."""
+
+    name: str  #: element name; LlamaBoard registers it as ``train.<name>``
+    key: str  #: the YAML key (a ``MappoArguments`` field, or ``ppo_epochs`` / ``ppo_target``)
+    label: str
+    info: str
+    kind: Kind
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+
+    @property
+    def default(self) -> Any:
+        value = _default(self.key)
+        if self.kind == "agents":
+            return [a.strip() for a in str(value).split(",") if a.strip()]
+        if self.kind == "int" and value is None:
+            return 0  # "0 = automatic" for optional counts
+        return value
+
+    def make_component(self) -> Component:
+        """An unrendered gradio component (rendered later inside the MAPPO accordion)."""
+        import gradio as gr
+
+        common: dict[str, Any] = {"label": self.label, "info": self.info, "render": False,
+                                  "elem_id": f"mmoa-train-{self.name}"}
+        if self.kind == "text":
+            return gr.Textbox(value=self.default, **common)
+        if self.kind == "int":
+            return gr.Number(value=self.default, precision=0, minimum=self.minimum, **common)
+        if self.kind == "float":
+            return gr.Number(value=self.default, minimum=self.minimum, **common)
+        if self.kind == "bool":
+            return gr.Checkbox(value=self.default, **common)
+        if self.kind == "choice":
+            return gr.Dropdown(choices=list(self.choices), value=self.default, **common)
+        return gr.CheckboxGroup(choices=list(AGENTS), value=self.default, **common)
+
+    def to_config(self, value: Any) -> Any:
+        """The config value of a widget value; raises ``ValueError`` naming the field."""
+        if self.kind == "agents":
+            agents = [value] if isinstance(value, str) else list(value or [])
+            return ",".join(a for a in AGENTS if a in agents)
+        if self.kind == "text":
+            return str(value or "").strip()
+        if self.kind == "bool":
+            return bool(value)
+        if self.kind == "choice":
+            return str(value)
+        if value is None or value == "":
+            raise ValueError(f"MAPPO field {self.label!r} ({self.key}) is empty")
+        try:
+            number = float(value)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"MAPPO field {self.label!r} ({self.key}): expected a number, got "
+                             f"{value!r}") from err
+        if self.kind == "int":
+            if number != int(number):
+                raise ValueError(f"MAPPO field {self.label!r} ({self.key}): expected a whole "
+                                 f"number, got {value!r}")
+            if self.key == "mappo_questions_per_rollout" and int(number) == 0:
+                return None  # automatic: per-device batch size x gradient accumulation
+            return int(number)
+        return number
+
+
+MAPPO_FIELDS: tuple[MappoField, ...] = (
+    # retrieval
+    MappoField("mappo_retriever_url", "mappo_retriever_url", "Retriever URL",
+               "the retrieval server (mmoa-cli serve)", "text"),
+    MappoField("mappo_top_k", "mappo_top_k", "Top-K candidates",
+               "documents the Selector chooses from", "int", minimum=1),
+    MappoField("mappo_agents", "mappo_agents", "Agents to optimise",
+               "the others still act, with frozen behaviour", "agents"),
+    MappoField("mappo_reward_metric", "mappo_reward_metric", "Shared reward",
+               "score of the final answer", "choice", choices=("f1", "em", "acc")),
+    # penalties
+    MappoField("mappo_qr_penalty", "mappo_qr_penalty", "QR penalty",
+               "too many or too long sub-questions", "float"),
+    MappoField("mappo_selector_penalty", "mappo_selector_penalty", "Selector penalty",
+               "malformed or repeated document ids", "float"),
+    MappoField("mappo_generator_penalty", "mappo_generator_penalty", "Generator penalty",
+               "answers that are too long", "float"),
+    # KL
+    MappoField("mappo_adaptive_kl", "mappo_adaptive_kl", "Adaptive KL",
+               "adapt the KL coefficient towards the KL target", "bool"),
+    MappoField("mappo_init_kl_coef", "mappo_init_kl_coef", "Initial KL coefficient", "",
+               "float", minimum=0),
+    MappoField("mappo_min_kl_coef", "mappo_min_kl_coef", "Minimum KL coefficient",
+               "floor of the adaptive coefficient", "float", minimum=0),
+    MappoField("mappo_kl_target", "ppo_target", "KL target", "ppo_target", "float", minimum=0),
+    MappoField("mappo_kl_horizon", "mappo_kl_horizon", "KL horizon",
+               "adaptation speed of the controller", "float", minimum=1),
+    # PPO and rollouts
+    MappoField("mappo_ppo_epochs", "ppo_epochs", "PPO epochs", "passes over each rollout",
+               "int", minimum=1),
+    MappoField("mappo_questions_per_rollout", "mappo_questions_per_rollout",
+               "Questions per step", "0 = batch size x gradient accumulation", "int",
+               minimum=0),
+    MappoField("mappo_rollout_batch_size", "mappo_rollout_batch_size", "Rollout batch size",
+               "questions per batched generate call", "int", minimum=1),
+    MappoField("mappo_temperature", "mappo_temperature", "Temperature", "rollout sampling",
+               "float", minimum=0),
+    MappoField("mappo_top_p", "mappo_top_p", "Top-p", "rollout sampling", "float", minimum=0),
+    MappoField("mappo_max_new_tokens_qr", "mappo_max_new_tokens_qr", "Max new tokens: QR", "",
+               "int", minimum=1),
+    MappoField("mappo_max_new_tokens_selector", "mappo_max_new_tokens_selector",
+               "Max new tokens: Selector", "", "int", minimum=1),
+    MappoField("mappo_max_new_tokens_generator", "mappo_max_new_tokens_generator",
+               "Max new tokens: Generator", "", "int", minimum=1),
+)
+
+#: How the accordion lays the fields out (one tuple per row).
+MAPPO_ROWS: tuple[tuple[str, ...], ...] = (
+    ("mappo_retriever_url", "mappo_top_k", "mappo_agents", "mappo_reward_metric"),
+    ("mappo_qr_penalty", "mappo_selector_penalty", "mappo_generator_penalty"),
+    ("mappo_adaptive_kl", "mappo_init_kl_coef", "mappo_min_kl_coef", "mappo_kl_target",
+     "mappo_kl_horizon"),
+    ("mappo_ppo_epochs", "mappo_questions_per_rollout", "mappo_rollout_batch_size",
+     "mappo_temperature", "mappo_top_p"),
+    ("mappo_max_new_tokens_qr", "mappo_max_new_tokens_selector",
+     "mappo_max_new_tokens_generator"),
+)
+
+FIELDS_BY_NAME: dict[str, MappoField] = {f.name: f for f in MAPPO_FIELDS}
+
+
+def config_from_values(values: dict[str, Any]) -> dict[str, Any]:
+    """Config keys from ``{element name: widget value}``; ``None`` values mean "leave out"."""
+    config: dict[str, Any] = {}
+    for name, value in values.items():
+        field = FIELDS_BY_NAME[name]
+        converted = field.to_config(value)
+        if converted is not None:
+            config[field.key] = converted
+    return config
+
+
+def validate_config(config: dict[str, Any]) -> None:
+    """Run the stage's own checks (``MappoArguments.__post_init__``) on the ``mappo_*`` keys."""
+    ours = {k: v for k, v in config.items() if k.startswith("mappo_")}
+    MappoArguments(**ours)

@@ -1,0 +1,164 @@
+"""``mmoa-cli``: every sub-command's ``--help`` (with examples) and the wiring of ``serve``,
+``index`` and ``webui`` to the code they run (the same parsers, checks and exit codes as
+``flask_server.py`` / ``run_server.sh`` and ``data_builders/build_index.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from mmoa.cli import build_parser, main
+
+ROOT = Path(__file__).resolve().parents[1]
+SUB_COMMANDS = [
+    ["version"], ["train"], ["export"], ["data"], ["data", "demo-world"], ["data", "sft"],
+    ["data", "mappo"], ["eval"], ["webui"], ["serve"], ["index"],
+]
+
+
+def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", SUB_COMMANDS, ids=lambda a: " ".join(a))
+def test_every_sub_command_has_help_with_an_example(argv: list[str],
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    text = _help(argv, capsys)
+    assert text.startswith(f"usage: mmoa-cli {' '.join(argv)}")
+    assert "example" in text
+    assert f"mmoa-cli {argv[0]}" in text.split("example", 1)[1], "the example uses the command"
+
+
+def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    text = _help([], capsys)
+    for command in ("version", "train", "export", "data", "eval", "webui", "serve", "index"):
+        assert f"    {command} " in text, command
+
+
+def _option_strings(parser) -> set[str]:
+    return {s for action in parser._actions for s in action.option_strings} - {"-h", "--help"}
+
+
+def _sub_parser(name: str):
+    commands = next(a for a in build_parser()._actions if a.dest == "command")
+    return commands.choices[name]
+
+
+def test_serve_and_index_take_exactly_the_scripts_options() -> None:
+    from mmoa.retrieval import builder, server
+
+    assert _option_strings(_sub_parser("serve")) == _option_strings(server.build_arg_parser())
+    assert _option_strings(_sub_parser("index")) == _option_strings(builder.build_arg_parser())
+
+
+def test_serve_reports_a_missing_index_like_the_script(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from mmoa.retrieval.server import EXIT_INDEX_MISSING
+
+    assert main(["serve", "--index", str(tmp_path / "nope")]) == EXIT_INDEX_MISSING
+    assert "retrieval server: error" in capsys.readouterr().err
+
+
+def test_serve_without_index_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve"])
+    assert exit_info.value.code == 2
+
+
+def test_index_builds_an_index_folder(tiny_world_dir: Path, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "index"
+    assert main(["index", "--corpus", str(tiny_world_dir / "corpus.jsonl"), "--output",
+                 str(out), "--no-progress"]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    corpus_size = sum(1 for _ in (tiny_world_dir / "corpus.jsonl").open())
+    assert meta["n_vectors"] == corpus_size
+    assert (out / "index.faiss").is_file()
+    assert f"wrote {out}: {corpus_size} passages" in capsys.readouterr().out
+    # Same refusal as the script when the folder exists.
+    assert main(["index", "--corpus", str(tiny_world_dir / "corpus.jsonl"), "--output",
+                 str(out), "--no-progress"]) == 2
+
+
+def test_index_with_a_missing_corpus_exits_2(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["index", "--corpus", str(tmp_path / "none.jsonl"), "--output",
+                 str(tmp_path / "out")]) == 2
+    assert "build_index: error" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_serve_serves_the_index(tiny_index_dir: Path, tmp_path: Path) -> None:
+    """``mmoa-cli serve`` is the production server: /health and /search answer on loopback."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT / "LLaMA-Factory" / "src"), os.environ.get("PYTHONPATH", "")])}
+    with open(tmp_path / "serve.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "mmoa.cli", "serve", "--index",
+                                 str(tiny_index_dir), "--port", str(port), "--threads", "4"],
+                                env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        health = None
+        deadline = time.monotonic() + 120
+        while health is None and time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            with contextlib.suppress(requests.RequestException):
+                response = requests.get(url + "/health", timeout=2)
+                if response.status_code == 200:
+                    health = response.json()
+            time.sleep(0.3)
+        assert health is not None, (tmp_path / "serve.log").read_text()[-3000:]
+        meta = json.loads((tiny_index_dir / "meta.json").read_text())
+        assert health["corpus_size"] == meta["n_vectors"]
+        found = requests.post(url + "/search", json={"questions": ["a sculptor"], "N": 3},
+                              timeout=30)
+        assert found.status_code == 200, found.text
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def test_webui_options_reach_the_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mmoa.webui.launch as launch_module
+
+    seen = []
+    monkeypatch.setattr(launch_module, "launch", seen.append)
+    assert main(["webui", "--host", "0.0.0.0", "--port", "7999", "--inbrowser"]) == 0
+    assert seen == [launch_module.WebUIConfig(host="0.0.0.0", port=7999, share=False,
+                                              inbrowser=True)]
+    seen.clear()
+    assert main(["webui"]) == 0
+    assert seen == [launch_module.WebUIConfig()]
+    assert seen[0].host == "127.0.0.1", "loopback unless told otherwise"
+
+
+def test_train_with_a_missing_config_is_a_clear_error(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", str(tmp_path / "missing.yaml")]) == 2
+    assert "config file not found" in capsys.readouterr().err

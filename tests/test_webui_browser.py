@@ -1,0 +1,390 @@
+"""The web UI as a person uses it: headless Chromium (Debian's ``chromium`` + ``chromedriver``,
+driven by Selenium; nothing is downloaded) against ``mmoa-cli webui`` on loopback.
+
+Train tab: choose the MAPPO stage, fill the model, data, output and MAPPO fields, preview the
+command (``stage: mappo`` and the field values), start a run on the tiny model against the real
+retrieval server, watch the progress bar move, and stop it with the Abort button. Playground:
+load the tiny model, ask a demo question, and check that the page shows exactly the trace the
+pipeline produces in this process (sub-questions, candidate ids, selection, answer, timings).
+
+Screenshots go to ``outputs/test_screenshots/`` (git-ignored) and are kept after the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+SCREENSHOTS = ROOT / "outputs" / "test_screenshots"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+MAPPO_LABEL = "MAPPO (multi-agent RAG)"
+MAX_STEPS = 200  # far more than the test waits for: the run ends by the Abort button
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def _browser_or_skip() -> str:
+    """The Chromium binary; skips (fails in CI as root, where setup_env.sh installs it)."""
+    chromium = next((c for c in CHROMIUM_CANDIDATES if os.access(c, os.X_OK)), None)
+    missing = []
+    if chromium is None:
+        missing.append("chromium")
+    if not os.access(CHROMEDRIVER, os.X_OK):
+        missing.append("chromium-driver")
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("selenium (pip, dev extra)")
+    if missing:
+        reason = (f"browser test needs {', '.join(missing)}: run 'bash setup_env.sh' as root "
+                  "(or 'apt-get install chromium chromium-driver')")
+        if os.environ.get("CI") and os.geteuid() == 0:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    assert chromium is not None
+    return chromium
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_for(condition: Callable[[], Any], timeout: float, what: str,
+              interval: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+        except Exception as err:  # stale elements while gradio re-renders
+            last_error = err
+            value = None
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
+                         + (f" (last error: {last_error})" if last_error else ""))
+
+
+# ------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def chromium_binary() -> str:
+    return _browser_or_skip()
+
+
+@pytest.fixture(scope="module")
+def mappo_data_dir(tiny_world_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mmoa.data.loaders import load_qa
+    from mmoa.data.sft_builder import write_mappo_dataset
+
+    out = tmp_path_factory.mktemp("webui_data")
+    write_mappo_dataset(load_qa(tiny_world_dir / "train.jsonl", "demo"), out, "tiny_mappo")
+    return out
+
+
+@pytest.fixture(scope="module")
+def webui(chromium_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """``mmoa-cli webui`` in its own process group, working in a temporary folder."""
+    workdir = tmp_path_factory.mktemp("webui_workdir")
+    port = _free_port()
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "LLaMA-Factory" / "src"),
+                                          os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+           "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
+    log_path = workdir / "webui.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mmoa.cli", "webui", "--host", "127.0.0.1", "--port",
+             str(port)], cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    url = f"http://127.0.0.1:{port}/"
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"webui exited with {proc.returncode}:\n"
+                               f"{log_path.read_text(errors='replace')[-3000:]}")
+        with contextlib.suppress(requests.RequestException):
+            return requests.get(url, timeout=2).status_code == 200
+        return False
+
+    try:
+        deadline = time.monotonic() + 180
+        while not ready():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"webui not ready:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield {"url": url, "workdir": workdir, "log": log_path}
+    finally:
+        # Our own session: the UI and any training process it started.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def board(webui: dict, chromium_binary: str) -> Iterator[Board]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium_binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1400,2200", "--no-first-run", "--disable-extensions"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        driver.get(webui["url"])
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page = Board(driver)
+        _wait_for(lambda: page.find("#mmoa-train-training_stage input"), 60, "the Train tab")
+        # LlamaBoard's start-up (language, output dir) arrives through demo.load.
+        _wait_for(lambda: page.value("#mmoa-train-output_dir input"), 60, "LlamaBoard's defaults")
+        yield page
+    finally:
+        driver.quit()
+
+
+# ------------------------------------------------------------------------ page helpers
+
+
+class Board:
+    """Small helpers over gradio 5's DOM (components found by the ``elem_id`` we give them)."""
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+
+    def find(self, css: str) -> Any:
+        from selenium.webdriver.common.by import By
+
+        return self.driver.find_element(By.CSS_SELECTOR, css)
+
+    def find_all(self, css: str) -> list[Any]:
+        from selenium.webdriver.common.by import By
+
+        return self.driver.find_elements(By.CSS_SELECTOR, css)
+
+    def value(self, css: str) -> str:
+        return self.driver.execute_script("return arguments[0].value;", self.find(css)) or ""
+
+    def text(self, css: str) -> str:
+        return self.find(css).text
+
+    def click(self, css: str) -> None:
+        element = self.find(css)
+        self.driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", element)
+        element.click()
+
+    def type(self, css: str, value: str, submit: bool = False) -> None:
+        """Replace a textbox's / number's content the way a user does (select all, type)."""
+        from selenium.webdriver.common.keys import Keys
+
+        element = self.find(css)
+        self.driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", element)
+        element.click()
+        element.send_keys(Keys.CONTROL, "a")
+        element.send_keys(Keys.DELETE)
+        element.send_keys(value)
+        element.send_keys(Keys.ENTER if submit else Keys.TAB)
+
+    def choose(self, elem_id: str, option: str, multiselect: bool = False) -> None:
+        """Pick ``option`` in a dropdown: type to filter, click the matching item."""
+        from selenium.webdriver.common.keys import Keys
+
+        box = self.find(f"#{elem_id} input")
+        self.driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", box)
+        box.click()
+        box.send_keys(Keys.CONTROL, "a")
+        box.send_keys(option)
+        item = _wait_for(
+            lambda: next((li for li in self.find_all(f"#{elem_id} ul.options li")
+                          if li.get_attribute("aria-label") == option), None),
+            10, f"option {option!r} of {elem_id}")
+        item.click()
+        if multiselect:  # chosen values become tokens beside the input
+            _wait_for(lambda: option in [t.text for t in self.find_all(f"#{elem_id} .token")],
+                      10, f"{elem_id} to hold {option!r}")
+            box.send_keys(Keys.ESCAPE)
+        else:
+            _wait_for(lambda: self.value(f"#{elem_id} input") == option, 10,
+                      f"{elem_id} to show {option!r}")
+
+    def open_accordion(self, elem_id: str, probe_css: str) -> None:
+        if not self.find(probe_css).is_displayed():
+            self.click(f"#{elem_id} .label-wrap")
+        _wait_for(lambda: self.find(probe_css).is_displayed(), 10, f"{elem_id} to open")
+
+    def screenshot(self, name: str) -> Path:
+        path = SCREENSHOTS / f"{name}.png"
+        assert self.driver.save_screenshot(str(path)), path
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
+        return path
+
+    def progress(self) -> float:
+        """The Train tab's progress bar (percentage), 0 while it is hidden."""
+        inputs = self.find_all("#mmoa-train-progress_bar input[type=number]")
+        if not inputs or not inputs[0].is_displayed():
+            return 0.0
+        return float(self.driver.execute_script("return arguments[0].value;", inputs[0]) or 0)
+
+
+# --------------------------------------------------------------------------------- tests
+
+
+def test_mappo_stage_preview_start_progress_and_stop(board: Board, webui: dict,
+                                                     tiny_model_dir: Path,
+                                                     mappo_data_dir: Path,
+                                                     tiny_server_url: str) -> None:
+    output_dir = webui["workdir"] / "runs" / "mappo_ui"
+    board.click("button[role=tab]:first-child")
+    board.choose("mmoa-top-model_name", "Custom")
+    board.type("#mmoa-top-model_path textarea", str(tiny_model_dir))
+    board.choose("mmoa-top-template", "llama3")
+    board.choose("mmoa-train-training_stage", MAPPO_LABEL)
+    board.type("#mmoa-train-dataset_dir textarea", str(mappo_data_dir))
+    board.choose("mmoa-train-dataset", "tiny_mappo", multiselect=True)
+    board.type("#mmoa-train-batch_size input[type=number]", "2")
+    board.type("#mmoa-train-gradient_accumulation_steps input[type=number]", "1")
+    board.open_accordion("mmoa-train-extra_tab", "#mmoa-train-extra_args textarea")
+    extra = {"optim": "adamw_torch", "max_steps": MAX_STEPS, "logging_steps": 1,
+             "save_steps": 1000, "disable_gradient_checkpointing": True, "seed": 7}
+    board.type("#mmoa-train-extra_args textarea", json.dumps(extra))
+
+    # The MAPPO accordion opens by itself when the stage is chosen.
+    board.open_accordion("mmoa-train-mappo_tab", "#mmoa-train-mappo_retriever_url textarea")
+    board.type("#mmoa-train-mappo_retriever_url textarea", tiny_server_url)
+    board.type("#mmoa-train-mappo_top_k input[type=number]", "5")
+    board.click("#mmoa-train-mappo_agents label:first-of-type")  # untick qr
+    board.type("#mmoa-train-mappo_selector_penalty input[type=number]", "-0.8")
+    board.type("#mmoa-train-mappo_init_kl_coef input[type=number]", "0.1")
+    board.type("#mmoa-train-mappo_ppo_epochs input[type=number]", "1")
+    board.type("#mmoa-train-mappo_questions_per_rollout input[type=number]", "2")
+    board.type("#mmoa-train-mappo_rollout_batch_size input[type=number]", "2")
+    board.type("#mmoa-train-mappo_max_new_tokens_qr input[type=number]", "12")
+    board.type("#mmoa-train-mappo_max_new_tokens_selector input[type=number]", "12")
+    board.type("#mmoa-train-mappo_max_new_tokens_generator input[type=number]", "8")
+    board.type("#mmoa-train-output_dir input", str(output_dir), submit=True)
+    board.screenshot("webui_01_mappo_fields")
+
+    board.click("#mmoa-train-cmd_preview_btn")
+    preview = _wait_for(lambda: (t := board.text("#mmoa-train-output_box")) and
+                        "stage: mappo" in t and t, 30, "the command preview")
+    board.screenshot("webui_02_preview")
+    for expected in (
+        f"mappo_retriever_url: {tiny_server_url}", "mappo_top_k: 5",
+        "mappo_agents: selector,generator", "mappo_selector_penalty: -0.8",
+        "mappo_init_kl_coef: 0.1", "ppo_epochs: 1", "mappo_questions_per_rollout: 2",
+        "mappo_max_new_tokens_generator: 8", "dataset: tiny_mappo",
+        f"model_name_or_path: {tiny_model_dir}", f"max_steps: {MAX_STEPS}",
+        "per_device_train_batch_size: 2", "template: llama3",
+        f"mmoa-cli train {output_dir}/training_args.yaml",
+    ):
+        assert expected in preview, f"{expected!r} not in the preview:\n{preview}"
+    assert "bf16: true" not in preview, "CPU default must be fp32"
+
+    board.click("#mmoa-train-start_btn")
+    first = _wait_for(lambda: board.progress() > 0 and board.progress(), 180,
+                      f"the progress bar (log: {output_dir / 'running_log.txt'})")
+    _wait_for(lambda: board.progress() > first, 120, "the progress bar to move on")
+    board.screenshot("webui_03_progress")
+    # The loss/reward plot of the run is drawn next to the log.
+    assert board.find_all("#mmoa-train-loss_viewer img, #mmoa-train-loss_viewer svg,"
+                          " #mmoa-train-loss_viewer canvas")
+
+    board.click("#mmoa-train-stop_btn")
+    _wait_for(lambda: "Finished" in board.text("#mmoa-train-output_box")
+              and not board.progress(), 120, "the run to stop after Abort")
+    board.screenshot("webui_04_stopped")
+
+    written = (output_dir / "training_args.yaml").read_text()
+    assert "stage: mappo" in written and "mappo_top_k: 5" in written
+    log = [json.loads(line) for line in
+           (output_dir / "trainer_log.jsonl").read_text().splitlines()]
+    assert log and log[-1]["total_steps"] == MAX_STEPS
+    stopped_at = log[-1]["current_steps"]
+    assert 2 <= stopped_at < MAX_STEPS, "Abort stopped the run early"
+    # A graceful stop: the trainer saved a checkpoint and its final adapter.
+    assert (output_dir / f"checkpoint-{stopped_at}").is_dir() or any(
+        output_dir.glob("checkpoint-*")), sorted(p.name for p in output_dir.iterdir())
+    assert (output_dir / "adapter_model.safetensors").is_file()
+    assert (output_dir / "value_head.safetensors").is_file()
+
+
+def _reference_trace(model_dir: Path, question: str, url: str, k: int) -> Any:
+    """The trace of ``question`` from the real pipeline, run in this process."""
+    from mmoa.agents.pipeline import RagPipeline
+    from mmoa.modeling import load_for_inference
+    from mmoa.retrieval.client import RetrievalClient
+
+    model, tokenizer = load_for_inference(model_dir, "llama3")
+    with RetrievalClient(url) as client:
+        return RagPipeline(model, tokenizer, "llama3", client, k=k).run([question])[0]
+
+
+def test_playground_shows_the_pipeline_trace(board: Board, tiny_model_dir: Path,
+                                             tiny_world_dir: Path,
+                                             tiny_server_url: str) -> None:
+    from mmoa.fileio import read_jsonl
+
+    question = read_jsonl(tiny_world_dir / "test.jsonl")[0]["question"]
+    trace = _reference_trace(tiny_model_dir, question, tiny_server_url, k=6)
+    board.click("#mmoa-playground-tab-button, button[role=tab]:last-child")
+    _wait_for(lambda: board.find("#mmoa-pg-model_path textarea").is_displayed(), 20,
+              "the playground tab")
+    board.type("#mmoa-pg-model_path textarea", str(tiny_model_dir))
+    board.choose("mmoa-pg-template", "llama3")
+    board.type("#mmoa-pg-retriever_url textarea", tiny_server_url)
+    board.type("#mmoa-pg-top_k input[type=number]", "6")
+    board.click("#mmoa-pg-load")
+    _wait_for(lambda: "loaded" in board.value("#mmoa-pg-status textarea"), 120, "the model")
+    board.type("#mmoa-pg-question textarea", trace.question)
+    board.click("#mmoa-pg-ask")
+    _wait_for(lambda: "answered" in board.value("#mmoa-pg-status textarea"), 120, "the answer")
+    board.click("#mmoa-pg-candidates")  # scroll the candidates into the screenshot
+    board.screenshot("webui_05_playground")
+
+    # The page shows exactly the trace of the same pipeline run in this process. The untrained
+    # model usually selects nothing: then no row is highlighted and the selection says so
+    # (the highlighting itself is covered in test_webui_patches.py).
+    shown_subquestions = [li.text for li in board.find_all("#mmoa-subquestions-list li")]
+    assert shown_subquestions == trace.subquestions and shown_subquestions
+    rows = board.find_all("#mmoa-candidates-table tr.mmoa-candidate")
+    shown_ids = [row.find_element("css selector", ".mmoa-doc-id").text for row in rows]
+    assert shown_ids == [str(c.id) for c in trace.candidates] and len(shown_ids) == 6
+    highlighted = [int(row.get_attribute("data-index")) for row in rows
+                   if "mmoa-selected" in (row.get_attribute("class") or "")]
+    assert highlighted == sorted(trace.selected)
+    selection = board.value("#mmoa-pg-selection textarea")
+    assert selection.startswith("selected: ")
+    assert selection.endswith(repr(trace.calls["selector"].response_text))
+    for index in trace.selected:
+        assert f"Document{index}" in selection
+    if not trace.selected:
+        assert "none (no document selected)" in selection
+    assert board.value("#mmoa-pg-answer textarea") == trace.answer
+    timing_rows = board.find_all("#mmoa-timings-table tr.mmoa-timing")
+    assert [r.get_attribute("data-agent") for r in timing_rows] == [
+        "qr", "retrieve", "selector", "generator"]
+    assert all(r.text.endswith(" s") for r in timing_rows)

@@ -1,0 +1,340 @@
+"""The LlamaBoard patches without a browser: the stage entry, the arguments the Train tab
+produces for MAPPO (accepted by the stage's own parsers), the command routing, the preview,
+the reward plot, and the playground's rendering of a trace."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mmoa.webui.mappo_fields import MAPPO_FIELDS, MAPPO_STAGE_LABEL
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
+    """The patched UI, built (not served) in a temporary working directory."""
+    from mmoa.webui.launch import build_ui
+    from mmoa.webui.patches import remove_patches
+
+    workdir = tmp_path_factory.mktemp("webui_patches")
+    previous = Path.cwd()
+    os.chdir(workdir)  # LlamaBoard writes llamaboard_cache/ into the working directory
+    try:
+        yield build_ui()
+    finally:
+        remove_patches()
+        os.chdir(previous)
+
+
+@pytest.fixture
+def engine(ui: tuple[Any, Any]) -> Any:
+    return ui[1]
+
+
+def _form(engine: Any, **values: Any) -> dict[Any, Any]:
+    """What a click hands to the runner: ``{component: value}`` for every element, with the
+    component defaults, the start-up values LlamaBoard fills in and ``values`` (ids with
+    ``__`` for ``.``)."""
+    manager = engine.manager
+    data = {elem: getattr(elem, "value", None) for elem in manager.get_elem_list()}
+    defaults = {"top.lang": "en", "top.model_name": "Custom", "top.model_path": "/models/tiny",
+                "train.training_stage": MAPPO_STAGE_LABEL, "train.dataset": ["tiny_mappo"],
+                "train.output_dir": "/tmp/mmoa-webui-test/out"}
+    for elem_id, value in {**defaults,
+                           **{k.replace("__", "."): v for k, v in values.items()}}.items():
+        data[manager.get_elem_by_id(elem_id)] = value
+    return data
+
+
+def test_the_stage_is_in_the_one_training_stages_dict(ui: tuple[Any, Any]) -> None:
+    from llamafactory.extras import constants
+    from llamafactory.webui import control, runner
+    from llamafactory.webui.components import train
+
+    assert constants.TRAINING_STAGES[MAPPO_STAGE_LABEL] == "mappo"
+    # Mutated in place: every module that imported the dict sees the stage.
+    assert train.TRAINING_STAGES is constants.TRAINING_STAGES
+    assert runner.TRAINING_STAGES is constants.TRAINING_STAGES
+    assert control.TRAINING_STAGES is constants.TRAINING_STAGES
+    assert next(iter(constants.TRAINING_STAGES)) == "Supervised Fine-Tuning", "SFT stays first"
+
+
+def test_mappo_widgets_are_registered_train_inputs(engine: Any) -> None:
+    from llamafactory.extras.misc import is_accelerator_available
+
+    manager = engine.manager
+    for field in MAPPO_FIELDS:
+        component = manager.get_elem_by_id(f"train.{field.name}")
+        assert component.elem_id == f"mmoa-train-{field.name}"
+    assert manager.get_elem_by_id("train.mappo_tab").label == MAPPO_STAGE_LABEL
+    stage = manager.get_elem_by_id("train.training_stage")
+    assert MAPPO_STAGE_LABEL in [choice[0] for choice in stage.choices]
+    if not is_accelerator_available():
+        assert manager.get_elem_by_id("train.compute_type").value == "fp32"
+    # Switching language re-labels LlamaBoard's widgets and leaves ours (plain labels) alone.
+    for lang in ("en", "ru", "zh", "ko", "ja"):
+        updates = engine.change_lang(lang)
+        assert manager.get_elem_by_id("train.mappo_top_k") not in updates
+
+
+def test_parse_train_args_gives_stage_mappo_with_our_keys(engine: Any) -> None:
+    data = _form(engine, train__mappo_top_k=5, train__mappo_agents=["generator", "selector"],
+                 train__mappo_selector_penalty=-0.8, train__mappo_kl_target=3.0,
+                 train__mappo_ppo_epochs=2, train__mappo_questions_per_rollout=0,
+                 train__val_size=0.1)
+    assert engine.runner._initialize(data, True, True) == ""
+    args = engine.runner._parse_train_args(data)
+    assert args["stage"] == "mappo"
+    assert args["mappo_top_k"] == 5
+    assert args["mappo_agents"] == "selector,generator", "in pipeline order"
+    assert args["mappo_selector_penalty"] == -0.8
+    assert args["ppo_target"] == 3.0 and args["ppo_epochs"] == 2
+    assert "mappo_questions_per_rollout" not in args, "0 = automatic = key left out"
+    for key in ("val_size", "eval_strategy", "eval_steps", "per_device_eval_batch_size"):
+        assert key not in args, key
+    assert args["preprocessing_num_workers"] <= (os.cpu_count() or 1)
+    for field in MAPPO_FIELDS:
+        if field.key != "mappo_questions_per_rollout":
+            assert field.key in args, field.key
+
+
+def test_the_arguments_are_accepted_by_the_mappo_stage(engine: Any, tiny_model_dir: Path,
+                                                       tmp_path: Path) -> None:
+    """What Start writes parses with ``split_mappo_args`` + LLaMA-Factory's ``get_train_args``
+    exactly as ``mmoa-cli train`` parses it."""
+    from llamafactory.hparams import get_train_args
+    from llamafactory.webui.common import save_cmd
+
+    from mmoa.train.launcher import read_train_config
+    from mmoa.train.mappo.args import split_mappo_args
+
+    data = _form(engine, top__model_path=str(tiny_model_dir),
+                 train__output_dir=str(tmp_path / "run"), train__mappo_top_k=7,
+                 top__template="llama3")
+    path = save_cmd(engine.runner._parse_train_args(data))
+    config = read_train_config([path])
+    mappo_args, rest = split_mappo_args(config)
+    assert mappo_args.mappo_top_k == 7
+    _, data_args, training_args, finetuning_args, _ = get_train_args(rest)
+    assert finetuning_args.stage == "mappo"
+    assert data_args.dataset == ["tiny_mappo"]
+    assert training_args.output_dir == str(tmp_path / "run")
+
+
+def test_extra_arguments_win_over_the_widgets(engine: Any) -> None:
+    data = _form(engine, train__mappo_top_k=5,
+                 train__extra_args=json.dumps({"mappo_top_k": 3, "ppo_epochs": 1,
+                                               "preprocessing_num_workers": 5}))
+    args = engine.runner._parse_train_args(data)
+    assert args["mappo_top_k"] == 3 and args["ppo_epochs"] == 1
+    assert args["preprocessing_num_workers"] == 5
+
+
+def test_other_stages_are_untouched(engine: Any) -> None:
+    data = _form(engine, train__training_stage="Supervised Fine-Tuning", train__val_size=0.1)
+    args = engine.runner._parse_train_args(data)
+    assert args["stage"] == "sft"
+    assert not [k for k in args if k.startswith("mappo_")]
+    assert args["val_size"] == 0.1 and args["eval_strategy"] == "steps"
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"train__mappo_agents": []}, "mappo_agents"),
+    ({"train__mappo_retriever_url": "localhost:8000"}, "http://"),
+    ({"train__mappo_top_k": 2.5}, "whole number"),
+    ({"train__mappo_top_p": 1.5}, "mappo_top_p"),
+])
+def test_initialize_reports_bad_mappo_fields(engine: Any, values: dict[str, Any],
+                                             message: str) -> None:
+    error = engine.runner._initialize(_form(engine, **values), True, True)
+    assert error.startswith("MAPPO: ") and message in error, error
+
+
+def test_preview_shows_the_yaml_and_the_mmoa_command(engine: Any) -> None:
+    data = _form(engine, train__mappo_top_k=4)
+    outputs = list(engine.runner.preview_train(data))
+    text = next(iter(outputs[-1].values()))
+    assert "stage: mappo" in text and "mappo_top_k: 4" in text
+    assert "mmoa-cli train /tmp/mmoa-webui-test/out/training_args.yaml" in text
+    assert "llamafactory-cli" not in text
+    sft = next(iter(list(engine.runner.preview_train(
+        _form(engine, train__training_stage="Supervised Fine-Tuning")))[-1].values()))
+    assert "llamafactory-cli train" in sft and "--stage sft" in sft
+
+
+def test_popen_is_swapped_and_routes_by_stage(ui: tuple[Any, Any], tmp_path: Path) -> None:
+    import shutil
+
+    from llamafactory.webui import runner
+
+    from mmoa.webui.patches import RoutingPopen, route_command
+
+    assert runner.Popen is RoutingPopen
+    mappo = tmp_path / "mappo.yaml"
+    mappo.write_text(yaml.safe_dump({"stage": "mappo"}))
+    sft = tmp_path / "sft.yaml"
+    sft.write_text(yaml.safe_dump({"stage": "sft"}))
+    assert route_command(["llamafactory-cli", "train", str(mappo)]) == [
+        sys.executable, "-m", "mmoa.cli", "train", str(mappo)]
+    expected_sft = (["llamafactory-cli", "train", str(sft)] if shutil.which("llamafactory-cli")
+                    else [sys.executable, "-m", "llamafactory.cli", "train", str(sft)])
+    assert route_command(["llamafactory-cli", "train", str(sft)]) == expected_sft
+    assert route_command(["llamafactory-cli", "export", str(mappo)]) == [
+        "llamafactory-cli", "export", str(mappo)]
+
+
+def test_a_mappo_run_really_starts_our_cli(ui: tuple[Any, Any], tmp_path: Path,
+                                           tiny_world_dir: Path) -> None:
+    """The swapped Popen, given LlamaBoard's command, runs ``mmoa.cli train``: our stage's
+    start-up check answers (an unreachable retriever), not llamafactory's 'Unknown task'."""
+    from llamafactory.webui import runner
+
+    from mmoa.data.loaders import load_qa
+    from mmoa.data.sft_builder import write_mappo_dataset
+
+    write_mappo_dataset(load_qa(tiny_world_dir / "dev.jsonl", "demo"), tmp_path, "qa")
+    config = tmp_path / "training_args.yaml"
+    config.write_text(yaml.safe_dump({
+        "stage": "mappo", "do_train": True, "model_name_or_path": str(tmp_path / "no-model"),
+        "dataset": "qa", "dataset_dir": str(tmp_path), "output_dir": str(tmp_path / "out"),
+        "template": "llama3", "mappo_retriever_url": "http://127.0.0.1:9",
+        "mappo_retriever_retries": 0}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT / "LLaMA-Factory" / "src"), os.environ.get("PYTHONPATH", "")])}
+    process = runner.Popen(["llamafactory-cli", "train", str(config)], env=env,
+                           stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1, stderr[-2000:]
+    assert "[mappo] error" in stderr and "127.0.0.1:9" in stderr
+
+
+def _plot_size(plot: Any) -> tuple[int, int]:
+    """Pixel size of the image a ``gr.Plot`` sends to the page."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    data = plot.value["plot"].split(",", 1)[1]
+    return Image.open(io.BytesIO(base64.b64decode(data))).size
+
+
+def test_mappo_runs_plot_loss_and_reward(ui: tuple[Any, Any], tmp_path: Path) -> None:
+    from llamafactory.webui import runner
+
+    from mmoa.webui.plots import mappo_plot, read_trainer_log
+
+    log = [{"current_steps": s, "total_steps": 4, "loss": 1.0 / s, "reward": 0.1 * s,
+            "percentage": 25.0 * s, "elapsed_time": "0:00:01", "remaining_time": "0:00:03"}
+           for s in (1, 2, 3)]
+    lines = "".join(json.dumps(e) + "\n" for e in log)
+    (tmp_path / "trainer_log.jsonl").write_text(lines + '{"current_st')  # still being written
+    entries = read_trainer_log(tmp_path / "trainer_log.jsonl")
+    assert entries == log
+    figure = mappo_plot(entries)
+    assert [ax.get_ylabel() for ax in figure.axes] == ["loss", "reward"]
+    assert list(figure.axes[1].lines[0].get_ydata()) == pytest.approx([0.1, 0.2, 0.3])
+
+    # Through the patched monitor: a MAPPO run gets the two-panel figure (5 x 6 inches at
+    # 100 dpi), any other stage LlamaBoard's own loss plot.
+    (tmp_path / "trainer_log.jsonl").write_text(lines)
+    (tmp_path / "training_args.yaml").write_text("stage: mappo\n")
+    _, progress, info = runner.get_trainer_info("en", str(tmp_path), True)
+    assert progress.value == 75.0
+    assert _plot_size(info["loss_viewer"]) == (500, 600)
+    (tmp_path / "training_args.yaml").write_text("stage: sft\n")
+    _, _, info = runner.get_trainer_info("en", str(tmp_path), True)
+    assert _plot_size(info["loss_viewer"]) != (500, 600)
+
+
+def test_playground_renders_a_trace_with_its_selection() -> None:
+    from mmoa.agents.candidates import merge_candidates
+    from mmoa.agents.parsers import parse_selection, parse_subquestions
+    from mmoa.agents.pipeline import AgentCall, Trace
+    from mmoa.agents.prompts import selector_prompt
+    from mmoa.webui.playground import (
+        PlaygroundAnswer,
+        render_candidates,
+        render_selection,
+        render_subquestions,
+        render_timings,
+    )
+
+    docs = [[{"id": f"p{i}", "contents": f"Title <{i}>\ntext {i}"} for i in range(4)],
+            [{"id": f"q{i}", "contents": f"Other {i}\nmore {i}"} for i in range(4)]]
+    trace = Trace(question="Who & why?")
+    trace.qr_parse = parse_subquestions("first part\nsecond part", trace.question)
+    trace.subquestions = trace.qr_parse.subquestions
+    trace.candidates = merge_candidates(docs, 4)
+    trace.selection_parse = parse_selection("Document1,Document3", 4)
+    trace.selected = trace.selection_parse.ids
+    trace.calls["selector"] = AgentCall("selector", selector_prompt(trace.question, []), [], [],
+                                       "Document1,Document3")
+    trace.answer = "because"
+    answer = PlaygroundAnswer(trace, {"qr": 0.5, "retrieve": 0.1, "selector": 0.2,
+                                      "generator": 0.3}, 1.1, "qr_s_g")
+
+    table = render_candidates(answer)
+    assert table.count('class="mmoa-candidate mmoa-selected"') == 2
+    assert 'data-index="1"' in table and 'data-index="3"' in table
+    for candidate in trace.candidates:
+        assert f'<code class="mmoa-doc-id">{candidate.id}</code>' in table
+    assert "Title &lt;0&gt;" in table, "document text is escaped"
+    assert "<li>first part</li><li>second part</li>" in render_subquestions(answer)
+    assert render_selection(answer) == ("selected: Document1, Document3\n"
+                                        "Selector output: 'Document1,Document3'")
+    timings = render_timings(answer)
+    assert timings.count('class="mmoa-timing"') == 4 and "1.100 s" in timings
+
+    empty = Trace(question="q")
+    empty.qr_parse = parse_subquestions("", "q")
+    empty.subquestions = empty.qr_parse.subquestions
+    note = render_subquestions(PlaygroundAnswer(empty, {}, 0.0, "qr_s_g"))
+    assert "no usable sub-question" in note and "<li>q</li>" in note
+
+
+def test_playground_asks_for_a_model_first() -> None:
+    from mmoa.webui.playground import PlaygroundSession
+
+    session = PlaygroundSession()
+    with pytest.raises(ValueError, match="load a model first"):
+        session.ask("a question", "http://127.0.0.1:9", 5, "qr_s_g")
+    with pytest.raises(ValueError, match="type a question"):
+        session.ask("  ", "http://127.0.0.1:9", 5, "qr_s_g")
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
+        session.load("/nonexistent/model", "", "llama3")
+
+
+def test_remove_patches_restores_llamafactory(ui: tuple[Any, Any]) -> None:
+    from llamafactory.extras.constants import TRAINING_STAGES
+    from llamafactory.webui import interface, runner
+
+    from mmoa.webui import patches
+
+    originals = dict(patches._originals)
+    try:
+        patches.remove_patches()
+        assert MAPPO_STAGE_LABEL not in TRAINING_STAGES
+        assert runner.Popen is originals["popen"]
+        assert runner.Runner._parse_train_args is originals["parse"]
+        assert runner.Runner._initialize is originals["initialize"]
+        assert runner.gen_cmd is originals["gen_cmd"]
+        assert runner.get_trainer_info is originals["trainer_info"]
+        assert interface.create_train_tab is originals["train_tab"]
+        assert interface.create_footer is originals["footer"]
+    finally:
+        patches.apply_patches()
+    wrapped = runner.Runner._parse_train_args
+    patches.apply_patches()  # idempotent: no second layer of wrappers
+    assert runner.Runner._parse_train_args is wrapped
+    assert wrapped.__wrapped__ is originals["parse"]
