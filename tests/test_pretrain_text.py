@@ -8,20 +8,42 @@ from pathlib import Path
 import pytest
 
 from mmoa.data.demo_world import DemoWorld
-from mmoa.data.pretrain_text import build_pretrain_texts, main, write_pretrain_dataset
+from mmoa.data.pretrain_text import (
+    build_pretrain_texts,
+    copy_drill,
+    main,
+    text_kind,
+    write_pretrain_dataset,
+)
 from mmoa.fileio import atomic_write_json
 
 
 def test_texts_come_from_other_worlds_without_evaluation_titles(tiny_world: DemoWorld) -> None:
     excluded = {p["title"] for p in tiny_world.corpus}
-    texts = build_pretrain_texts(seeds=(5, 6), n_passages=200, exclude_titles=excluded)
-    with_everything = build_pretrain_texts(seeds=(5, 6), n_passages=200)
+    texts = build_pretrain_texts(seeds=(5, 6), n_passages=200, exclude_titles=excluded,
+                                 drills=False)
+    with_everything = build_pretrain_texts(seeds=(5, 6), n_passages=200, drills=False)
     assert 0 < len(texts) < len(with_everything) <= 400
     titles = {t["text"].split("\n", 1)[0] for t in texts}
     assert not titles & excluded
     # Each record is "Title\nText", as documents appear in the agents' prompts.
     assert all(len(t["text"].split("\n")) == 2 for t in texts)
-    assert texts == build_pretrain_texts(seeds=(5, 6), n_passages=200, exclude_titles=excluded)
+    assert texts == build_pretrain_texts(seeds=(5, 6), n_passages=200, exclude_titles=excluded,
+                                         drills=False)
+
+
+def test_drills_repeat_what_came_before(tiny_world: DemoWorld) -> None:
+    excluded = {p["title"] for p in tiny_world.corpus}
+    texts = build_pretrain_texts(seeds=(5,), n_passages=200, exclude_titles=excluded)
+    kinds = [text_kind(t["text"]) for t in texts]
+    assert {"passage", "reading", "copy"} == set(kinds)
+    assert kinds.count("copy") == kinds.count("passage")
+    for text in (t["text"] for t in texts if text_kind(t["text"]) == "reading"):
+        documents, tail = text.split("\n\nQuestion: ")
+        assert "\nSub-questions: " in tail and "\nAnswer: " in tail
+        assert not any(line in excluded for line in documents.split("\n"))
+    assert copy_drill(["Ada Li", "Bo Ek"]) == (
+        "Names: Ada Li, Bo Ek.\nThe same names again: Ada Li, Bo Ek.")
 
 
 def test_registration_keeps_foreign_entries(tmp_path: Path) -> None:
