@@ -51,8 +51,8 @@ def test_registration_keeps_foreign_entries(tmp_path: Path) -> None:
     path = write_pretrain_dataset([{"text": "A\nB."}], tmp_path, "pt_text")
     info = json.loads((tmp_path / "dataset_info.json").read_text())
     assert info["mine"] == {"file_name": "mine.json"}
-    assert info["pt_text"] == {"file_name": "pt_text.json", "columns": {"prompt": "text"}}
-    assert json.loads(path.read_text()) == [{"text": "A\nB."}]
+    assert info["pt_text"] == {"file_name": "pt_text.jsonl", "columns": {"prompt": "text"}}
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"text": "A\nB."}]
     with pytest.raises(ValueError, match="no pre-training text"):
         write_pretrain_dataset([], tmp_path, "empty")
 
@@ -63,5 +63,5 @@ def test_cli_excludes_the_corpus_titles(tiny_world_dir: Path, tmp_path: Path, ca
     assert "registered as 'demo_pt'" in capsys.readouterr().out
     corpus_titles = {json.loads(line)["title"]
                      for line in (tiny_world_dir / "corpus.jsonl").read_text().splitlines()}
-    texts = json.loads((tmp_path / "demo_pt.json").read_text())
+    texts = [json.loads(line) for line in (tmp_path / "demo_pt.jsonl").read_text().splitlines()]
     assert texts and not {t["text"].split("\n", 1)[0] for t in texts} & corpus_titles
