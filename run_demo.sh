@@ -126,11 +126,12 @@ bash LLaMA-Factory/run_mappo.sh LLaMA-Factory/examples/demo/tiny_full_mappo.yaml
   output_dir="$SAVES/full/mappo" mappo_retriever_url="$URL" mappo_top_k="$K" \
   "${PREC_ARGS[@]}" "${MAPPO_ARGS[@]}"
 
-stage 10 "evaluation on the test split"
+stage 10 "evaluation on the test split (generation limits as in the MAPPO rollout)"
 evaluate() {  # name model mode
   echo "-- $1 ($3)"
   python evaluate/evaluate_qr_s_g.py --model_name_or_path "$2" --mode "$3" \
     --data_file "$DEMO_DIR/test.jsonl" --retriever_url "$URL" --k "$K" \
+    --max_new_tokens_qr 48 --max_new_tokens_selector 24 --max_new_tokens_generator 16 \
     --output_dir "$OUT/eval_$1" | tail -n 1
 }
 evaluate untrained "$MODEL_DIR" qr_s_g

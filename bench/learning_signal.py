@@ -48,7 +48,9 @@ def _train(config: str, overrides: list[str], log: Path) -> None:
 def _evaluate(model: Path, args: argparse.Namespace, out: Path) -> dict:
     _run([sys.executable, "evaluate/evaluate_qr_s_g.py", "--model_name_or_path", str(model),
           "--data_file", args.eval_file, "--mode", "qr_s_g", "--k", str(args.k),
-          "--retriever_url", args.retriever_url, "--output_dir", str(out)], out / "eval.log")
+          "--retriever_url", args.retriever_url, "--max_new_tokens_qr", "48",
+          "--max_new_tokens_selector", "24", "--max_new_tokens_generator", "16",
+          "--output_dir", str(out)], out / "eval.log")
     return json.loads((out / "metrics.json").read_text())
 
 

@@ -226,6 +226,9 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
     ev.add_argument("--batch_size", type=int, default=16)
     ev.add_argument("--max_samples", type=int)
     ev.add_argument("--normalizer", default="mmoa", choices=["mmoa", "squad"])
+    for agent, default in (("qr", 100), ("selector", 32), ("generator", 100)):
+        ev.add_argument(f"--max_new_tokens_{agent}", type=int,
+                        help=f"generation limit of the {agent} agent (default {default})")
     ev.add_argument("--output_dir", help="where predictions.jsonl and metrics.json go")
     ev.add_argument("--compare", nargs="+", metavar="METRICS",
                     help="print one table for several metrics.json files (or their folders)")
