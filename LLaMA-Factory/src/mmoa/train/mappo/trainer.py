@@ -38,6 +38,7 @@ from mmoa.data.records import QARecord
 from mmoa.fileio import atomic_dir, atomic_write_json
 from mmoa.train.mappo.args import MappoArguments
 from mmoa.train.mappo.learner import PolicyWithValue, PPOConfig, PPOLearner
+from mmoa.train.mappo.log import mappo_logger
 from mmoa.train.mappo.rewards import PenaltyConfig, compute_agent_rewards
 from mmoa.train.mappo.samples import Sample
 
@@ -228,8 +229,8 @@ class MappoTrainer(Trainer):
                     self.save_mappo_checkpoint(learner)
                 if self._stop_signal is not None:
                     name = signal.Signals(self._stop_signal).name
-                    print(f"[mappo] {name} received: checkpoint saved at step {step + 1}, "
-                          "stopping.", flush=True)
+                    mappo_logger().warning(f"[mappo] {name} received: checkpoint saved at "
+                                           f"step {step + 1}, stopping.")
                     break
                 if self.control.should_training_stop:
                     self.save_mappo_checkpoint(learner)
@@ -269,8 +270,8 @@ class MappoTrainer(Trainer):
         t3 = time.perf_counter()
         if stats["skipped_updates"] >= stats["updates"]:
             self._nonfinite_in_a_row += 1
-            print(f"[mappo] warning: step {step + 1}: non-finite loss, update skipped "
-                  f"({self._nonfinite_in_a_row} in a row)", flush=True)
+            mappo_logger().warning(f"[mappo] step {step + 1}: non-finite loss, update skipped "
+                                   f"({self._nonfinite_in_a_row} in a row)")
             if self._nonfinite_in_a_row >= self.mappo_args.mappo_max_nonfinite_steps:
                 self.save_mappo_checkpoint(learner)
                 raise TrainingStopped(

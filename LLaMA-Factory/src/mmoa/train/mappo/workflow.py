@@ -14,6 +14,7 @@ from mmoa.data.loaders import load_qa
 from mmoa.data.records import QARecord
 from mmoa.data.registry import resolve_dataset
 from mmoa.train.mappo.args import MappoArguments, split_mappo_args
+from mmoa.train.mappo.log import mappo_logger
 
 PLOT_KEYS = ["loss", "reward", "answer_f1", "kl", "kl_coef", "value_loss"]
 
@@ -42,8 +43,8 @@ def check_retriever(mappo_args: MappoArguments) -> Any:
         timeout=mappo_args.mappo_retriever_timeout, retries=mappo_args.mappo_retriever_retries,
     )
     health = client.health()  # raises RetrieverUnavailableError naming the URL
-    print(f"[mappo] retriever {client.url}: {health.get('corpus_size', '?')} passages, "
-          f"{health.get('index_type', '?')} index", flush=True)
+    mappo_logger().info(f"[mappo] retriever {client.url}: {health.get('corpus_size', '?')} "
+                        f"passages, {health.get('index_type', '?')} index")
     return client
 
 
@@ -55,6 +56,7 @@ def run_mappo_from_config(config: dict[str, Any]) -> int:
         run_mappo(config)
     except (RetrieverUnavailableError, TrainingStopped, ValueError, KeyError,
             FileNotFoundError) as err:
+        # stderr, not the logger: the web UI shows a failed run's stderr.
         print(f"[mappo] error: {err}", file=sys.stderr, flush=True)
         return 1
     return 0
