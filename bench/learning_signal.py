@@ -1,4 +1,4 @@
-"""Learning signal: does joint MAPPO improve on the warm start? Warm start + MAPPO per seed, test F1.
+"""Learning signal: does joint MAPPO improve on the warm start? SFT + MAPPO per seed, test F1.
 
 For every seed: the demo warm start (SFT from the pre-trained tiny model), its test F1, MAPPO from
 it, its test F1. Then the per-agent effect: from the first seed's warm start, MAPPO with only one
