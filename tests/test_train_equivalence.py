@@ -61,7 +61,8 @@ def two_runs(tiny_model_dir: Path, tiny_world_dir: Path,
     def overrides(out: Path) -> list[str]:
         return [f"model_name_or_path={tiny_model_dir}", "dataset=tiny_qa",
                 f"dataset_dir={data}", f"output_dir={out}", "max_steps=3", "logging_steps=1",
-                "save_steps=2", "save_only_model=false", "per_device_train_batch_size=2",
+                "save_strategy=steps", "save_steps=2", "save_only_model=false",
+                "per_device_train_batch_size=2",
                 "gradient_accumulation_steps=1", "cutoff_len=128",
                 "preprocessing_num_workers=1", "warmup_ratio=0.0", "report_to=none"]
 
