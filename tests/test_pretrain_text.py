@@ -65,3 +65,14 @@ def test_cli_excludes_the_corpus_titles(tiny_world_dir: Path, tmp_path: Path, ca
                      for line in (tiny_world_dir / "corpus.jsonl").read_text().splitlines()}
     texts = [json.loads(line) for line in (tmp_path / "demo_pt.jsonl").read_text().splitlines()]
     assert texts and not {t["text"].split("\n", 1)[0] for t in texts} & corpus_titles
+
+
+def test_mmoa_cli_data_pretrain_is_the_same_builder(tmp_path: Path) -> None:
+    from mmoa.cli import main as cli_main
+
+    assert cli_main(["data", "pretrain", "--dataset-dir", str(tmp_path / "a"), "--seeds", "7",
+                     "--n-passages", "100"]) == 0
+    assert main(["--dataset-dir", str(tmp_path / "b"), "--seeds", "7",
+                 "--n-passages", "100"]) == 0
+    assert ((tmp_path / "a/demo_pt.jsonl").read_text()
+            == (tmp_path / "b/demo_pt.jsonl").read_text())

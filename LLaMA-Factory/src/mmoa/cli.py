@@ -160,6 +160,16 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
     sft.add_argument("--seed", type=int, default=42, help="seed of the candidate shuffling")
     sft.set_defaults(handler=_cmd_sft_data)
 
+    from mmoa.data.pretrain_text import build_arg_parser as pretrain_parser
+    from mmoa.data.pretrain_text import run as run_pretrain
+
+    pretrain = kinds.add_parser(
+        "pretrain", parents=[pretrain_parser()], add_help=False, conflict_handler="resolve",
+        help="write the tiny demo model's pre-training text (other demo worlds, for stage: pt)",
+        epilog="example: mmoa-cli data pretrain --exclude-corpus data/demo/corpus.jsonl",
+    )
+    pretrain.set_defaults(handler=run_pretrain)
+
     mappo = kinds.add_parser(
         "mappo",
         help="build the MAPPO prompt set (questions with every gold answer)",

@@ -125,7 +125,8 @@ def write_pretrain_dataset(
     return path
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_arg_parser() -> argparse.ArgumentParser:
+    """Options of ``data_builders/make_pretrain_text.py`` and ``mmoa-cli data pretrain``."""
     parser = argparse.ArgumentParser(
         description="Write the tiny model's pre-training text (demo worlds of other seeds) and "
         "register it in dataset_info.json for 'stage: pt'.",
@@ -141,7 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="plain passages only (no reading or copy drills)")
     parser.add_argument("--exclude-corpus", help="corpus.jsonl of the evaluation world: its "
                         "titles are left out of the pre-training text")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build, write and register the text for parsed :func:`build_arg_parser` options."""
     excluded: set[str] = set()
     if args.exclude_corpus:
         excluded = {row["title"] for _, row in iter_jsonl(args.exclude_corpus)}
@@ -155,6 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"-> {path}")
     print(f"  registered as {args.name!r} in {args.dataset_dir}/dataset_info.json")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_arg_parser().parse_args(argv))
 
 
 if __name__ == "__main__":
