@@ -98,6 +98,12 @@ mmoa-cli train LLaMA-Factory/examples/demo/tiny_full_pt.yaml seed="$SEED" \
 stage 5 "retrieval index + server on $URL"
 python data_builders/build_index.py --corpus "$DEMO_DIR/corpus.jsonl" \
   --output "$DEMO_DIR/index" --overwrite
+if ! python -c "import socket, sys; s = socket.socket(); sys.exit(s.connect_ex(('127.0.0.1', $PORT)) == 0)"
+then
+  echo "run_demo.sh: port $PORT is already in use (another retrieval server?); stop it or set" \
+       "PORT=<free port>" >&2
+  exit 2
+fi
 bash run_server.sh --index "$DEMO_DIR/index" --port "$PORT" > "$OUT/retrieval_server.log" 2>&1 &
 SERVER_PID=$!
 python - "$URL" <<'EOF'
