@@ -37,6 +37,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from mmoa.agents.candidates import doc_text
 from mmoa.data.demo_world import DemoWorldConfig, generate_demo_world
 from mmoa.data.registry import register_datasets
 from mmoa.fileio import atomic_write_jsonl, iter_jsonl
@@ -45,14 +46,10 @@ from mmoa.fileio import atomic_write_jsonl, iter_jsonl
 DEFAULT_SEEDS = (1001, 1002, 1003)
 
 
-def passage_text(passage: dict[str, str]) -> str:
-    """A passage as the agents' prompts show documents: title line, then text."""
-    return f"{passage['title']}\n{passage['text']}"
-
-
 def reading_drill(question: dict[str, Any], passages: Sequence[dict[str, str]]) -> str:
-    """Passages, then the question, its sub-questions and its answer."""
-    documents = "\n\n".join(passage_text(p) for p in passages)
+    """Passages (as the agents' prompts show documents), then the question, its sub-questions
+    and its answer."""
+    documents = "\n\n".join(doc_text(p) for p in passages)
     steps = "; ".join(question.get("decomposition") or [question["question"]])
     return (f"{documents}\n\nQuestion: {question['question']}\nSub-questions: {steps}\n"
             f"Answer: {question['answers'][0]}")
@@ -92,15 +89,15 @@ def build_pretrain_texts(
             n_test=0 if drills else 1, seed=seed,
         ))
         kept = [p for p in world.corpus if p["title"] not in excluded]
-        texts.extend({"text": passage_text(p)} for p in kept)
+        texts.extend({"text": doc_text(p)} for p in kept)
         if not drills or not kept:
             continue
         by_id = {p["id"]: p for p in kept}
         for question in world.splits["train"]:
-            support = [by_id[i] for i in question.get("supporting_ids") or [] if i in by_id]
-            if not support or len(support) < len(question.get("supporting_ids") or []):
-                continue  # an excluded entity is involved
-            passages = [*support, rng.choice(kept)]
+            support_ids = question.get("supporting_ids") or []
+            if not support_ids or not all(i in by_id for i in support_ids):
+                continue  # no supporting passage, or an excluded entity is involved
+            passages = [*(by_id[i] for i in support_ids), rng.choice(kept)]
             rng.shuffle(passages)
             texts.append({"text": reading_drill(question, passages)})
         titles = [p["title"] for p in kept]
