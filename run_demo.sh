@@ -64,11 +64,14 @@ mkdir -p "$OUT"
 # BF16 / AMX (about 1.7x faster for the tiny model); plain fp32 elsewhere.
 if [[ "$PRECISION" == auto ]]; then
   PRECISION=$(python - <<'EOF'
+from pathlib import Path
+
 import torch
 if torch.cuda.is_available():
     print("bf16" if torch.cuda.is_bf16_supported() else "fp32")
 else:
-    flags = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = cpuinfo.read_text() if cpuinfo.exists() else ""
     print("bf16-cpu" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "fp32")
 EOF
 )
@@ -133,12 +136,21 @@ bash LLaMA-Factory/run_mappo.sh LLaMA-Factory/examples/demo/tiny_full_mappo.yaml
   "${PREC_ARGS[@]}" "${MAPPO_ARGS[@]}"
 
 stage 10 "evaluation on the test split (generation limits as in the MAPPO rollout)"
+# The limits are read from the MAPPO config, so evaluation generates as the rollout did.
+read -r -a LIMITS < <(python - <<'EOF'
+import yaml
+config = yaml.safe_load(open("LLaMA-Factory/examples/demo/tiny_full_mappo.yaml"))
+print(" ".join(f"--max_new_tokens_{agent} {config[f'mappo_max_new_tokens_{agent}']}"
+               for agent in ("qr", "selector", "generator")))
+EOF
+)
+EVALUATED=()
 evaluate() {  # name model mode
   echo "-- $1 ($3)"
   python evaluate/evaluate_qr_s_g.py --model_name_or_path "$2" --mode "$3" \
-    --data_file "$DEMO_DIR/test.jsonl" --retriever_url "$URL" --k "$K" \
-    --max_new_tokens_qr 48 --max_new_tokens_selector 24 --max_new_tokens_generator 16 \
+    --data_file "$DEMO_DIR/test.jsonl" --retriever_url "$URL" --k "$K" "${LIMITS[@]}" \
     --output_dir "$OUT/eval_$1" | tail -n 1
+  EVALUATED+=("$OUT/eval_$1")
 }
 evaluate untrained "$MODEL_DIR" qr_s_g
 evaluate base "$SAVES/pt" qr_s_g
@@ -150,8 +162,7 @@ stage 11 "results -> $OUT"
 for plot in "$SAVES"/full/mappo/training_*.png; do cp "$plot" "$OUT/mappo_$(basename "$plot")"; done
 cp "$SAVES/full/sft/training_loss.png" "$OUT/sft_training_loss.png"
 cp "$SAVES/pt/training_loss.png" "$OUT/pt_training_loss.png"
-mmoa-cli eval --compare "$OUT/eval_untrained" "$OUT/eval_base" "$OUT/eval_sft" "$OUT/eval_mappo" "$OUT/eval_rag_sft" \
-  | tee "$OUT/results.txt"
+mmoa-cli eval --compare "${EVALUATED[@]}" | tee "$OUT/results.txt"
 echo
 echo "demo finished in $(( $(date +%s) - START )) s: table $OUT/results.txt, metrics" \
      "$OUT/eval_*/metrics.json, plots $OUT/*.png"

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 SFT_CONFIG = "LLaMA-Factory/examples/demo/tiny_full_sft.yaml"
 MAPPO_CONFIG = "LLaMA-Factory/examples/demo/tiny_full_mappo.yaml"
@@ -45,11 +47,17 @@ def _train(config: str, overrides: list[str], log: Path) -> None:
     _run([sys.executable, "-m", "mmoa.cli", "train", config, *overrides], log)
 
 
+def _rollout_limits() -> list[str]:
+    """Evaluation generates with the MAPPO rollout's per-agent limits (from its config)."""
+    config = yaml.safe_load((ROOT / MAPPO_CONFIG).read_text())
+    return [arg for agent in AGENTS for arg in
+            (f"--max_new_tokens_{agent}", str(config[f"mappo_max_new_tokens_{agent}"]))]
+
+
 def _evaluate(model: Path, args: argparse.Namespace, out: Path) -> dict:
     _run([sys.executable, "evaluate/evaluate_qr_s_g.py", "--model_name_or_path", str(model),
           "--data_file", args.eval_file, "--mode", "qr_s_g", "--k", str(args.k),
-          "--retriever_url", args.retriever_url, "--max_new_tokens_qr", "48",
-          "--max_new_tokens_selector", "24", "--max_new_tokens_generator", "16",
+          "--retriever_url", args.retriever_url, *_rollout_limits(),
           "--output_dir", str(out)], out / "eval.log")
     return json.loads((out / "metrics.json").read_text())
 
