@@ -37,7 +37,7 @@ def is_valid_prefix(text: str, k: int) -> bool:
     if text == "":
         return True
     *done, last = text.split(SEPARATOR)
-    if not all(_is_complete_item(item, k) for item in done) or len(set(done)) < len(done):
+    if not _distinct_complete_items(done, k):
         return False
     used = {int(item[len(PREFIX):]) for item in done}
     return _is_item_prefix(last, k, used)
@@ -45,9 +45,11 @@ def is_valid_prefix(text: str, k: int) -> bool:
 
 def is_complete(text: str, k: int) -> bool:
     """Whether ``text`` is a finished selection (end-of-sequence may follow)."""
-    if text == "":
-        return True
-    items = text.split(SEPARATOR)
+    return text == "" or _distinct_complete_items(text.split(SEPARATOR), k)
+
+
+def _distinct_complete_items(items: list[str], k: int) -> bool:
+    """Every item a complete in-range id, none twice (no leading zeros: equal text, equal id)."""
     return all(_is_complete_item(item, k) for item in items) and len(set(items)) == len(items)
 
 
