@@ -106,11 +106,13 @@ def _add_qa_source_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_data_commands(commands: argparse._SubParsersAction) -> None:
     data = commands.add_parser(
-        "data", help="build datasets (demo world, SFT data, MAPPO data)",
-        description="Build the demo world, the warm-start SFT data or the MAPPO prompt set.",
+        "data", help="build datasets (demo world, pre-training text, SFT data, MAPPO data)",
+        description=("Build the demo world, the tiny model's pre-training text, the warm-start "
+                     "SFT data or the MAPPO prompt set."),
         epilog=(
             "examples:\n"
             "  mmoa-cli data demo-world --out data/demo\n"
+            "  mmoa-cli data pretrain --exclude-corpus data/demo/corpus.jsonl\n"
             "  mmoa-cli data sft --data_file data/demo/train.jsonl --name demo_sft \\\n"
             "      --retriever_url http://127.0.0.1:8000\n"
             "  mmoa-cli data mappo --data_file data/demo/train.jsonl --name demo_mappo\n"
@@ -207,6 +209,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _add_eval_command(commands: argparse._SubParsersAction) -> None:
     from mmoa.agents.pipeline import MODES
+    from mmoa.evaluation import EvalConfig
 
     ev = commands.add_parser(
         "eval",
@@ -236,7 +239,8 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
     ev.add_argument("--batch_size", type=int, default=16)
     ev.add_argument("--max_samples", type=int)
     ev.add_argument("--normalizer", default="mmoa", choices=["mmoa", "squad"])
-    for agent, default in (("qr", 100), ("selector", 32), ("generator", 100)):
+    for agent in ("qr", "selector", "generator"):
+        default = EvalConfig.__dataclass_fields__[f"max_new_tokens_{agent}"].default
         ev.add_argument(f"--max_new_tokens_{agent}", type=int,
                         help=f"generation limit of the {agent} agent (default {default})")
     ev.add_argument("--output_dir", help="where predictions.jsonl and metrics.json go")
