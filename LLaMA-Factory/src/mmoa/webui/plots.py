@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-PLOTTED = (("loss", "loss", "#1f77b4"), ("reward", "reward", "#2ca02c"))
+#: trainer_log key (also the axis label) and colour of each panel.
+PLOTTED = (("loss", "#1f77b4"), ("reward", "#2ca02c"))
 
 
 def read_trainer_log(path: str | Path) -> list[dict[str, Any]]:
@@ -41,7 +42,7 @@ def mappo_plot(trainer_log: list[dict[str, Any]]) -> Figure:
     plt.close("all")
     plt.switch_backend("agg")
     fig, axes = plt.subplots(len(PLOTTED), 1, figsize=(5, 6), sharex=True)
-    for ax, (key, label, color) in zip(axes, PLOTTED, strict=True):
+    for ax, (key, color) in zip(axes, PLOTTED, strict=True):
         points = [(e["current_steps"], e[key]) for e in trainer_log
                   if isinstance(e.get(key), int | float) and "current_steps" in e]
         steps = [s for s, _ in points]
@@ -50,7 +51,7 @@ def mappo_plot(trainer_log: list[dict[str, Any]]) -> Figure:
             ax.plot(steps, values, color=color, alpha=0.4, label="original")
             ax.plot(steps, smooth(values), color=color, label="smoothed")
             ax.legend()
-        ax.set_ylabel(label)
+        ax.set_ylabel(key)
     axes[-1].set_xlabel("step")
     fig.tight_layout()
     return fig
