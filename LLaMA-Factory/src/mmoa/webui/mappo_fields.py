@@ -22,7 +22,6 @@ Kind = Literal["text", "int", "float", "bool", "choice", "agents"]
 
 #: Label of the stage in the Train tab's dropdown (LLaMA-Factory's TRAINING_STAGES key).
 MAPPO_STAGE_LABEL = "MAPPO (multi-agent RAG)"
-MAPPO_STAGE = "mappo"
 
 #: Standard LLaMA-Factory keys that the MAPPO accordion shows (they keep LLaMA-Factory's meaning).
 LLAMAFACTORY_KEYS = ("ppo_epochs", "ppo_target")

@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from mmoa.train.launcher import MAPPO_STAGE, TrainConfigError, read_train_config
 from mmoa.webui.mappo_fields import (
     MAPPO_FIELDS,
     MAPPO_ROWS,
-    MAPPO_STAGE,
     MAPPO_STAGE_LABEL,
     config_from_values,
     validate_config,
@@ -62,12 +62,12 @@ _last_engine: list[Any] = []
 
 
 def read_stage(config_path: str | Path) -> str | None:
-    """The ``stage`` of a YAML/JSON config, or ``None`` when it cannot be read."""
+    """The ``stage`` of a YAML/JSON config (read as ``mmoa-cli train`` reads it), or ``None``
+    when it cannot be read."""
     try:
-        config = yaml.safe_load(Path(config_path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+        return read_train_config([str(config_path)]).get("stage")
+    except TrainConfigError:
         return None
-    return config.get("stage") if isinstance(config, dict) else None
 
 
 def route_command(command: Sequence[str] | str) -> Sequence[str] | str:
