@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,11 +17,12 @@ import pytest
 import requests
 
 from mmoa.cli import build_parser, main
+from tests.retrieval_fixtures import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SUB_COMMANDS = [
     ["version"], ["train"], ["export"], ["data"], ["data", "demo-world"], ["data", "sft"],
-    ["data", "mappo"], ["eval"], ["webui"], ["serve"], ["index"],
+    ["data", "pretrain"], ["data", "mappo"], ["eval"], ["webui"], ["serve"], ["index"],
 ]
 
 
@@ -101,16 +101,10 @@ def test_index_with_a_missing_corpus_exits_2(tmp_path: Path,
     assert not (tmp_path / "out").exists()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_serve_serves_the_index(tiny_index_dir: Path, tmp_path: Path) -> None:
     """``mmoa-cli serve`` is the production server: /health and /search answer on loopback."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT / "LLaMA-Factory" / "src"), os.environ.get("PYTHONPATH", "")])}
     with open(tmp_path / "serve.log", "wb") as log:

@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,8 @@ from typing import Any
 
 import pytest
 import requests
+
+from tests.retrieval_fixtures import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "outputs" / "test_screenshots"
@@ -57,12 +58,6 @@ def _browser_or_skip() -> str:
         pytest.skip(reason)
     assert chromium is not None
     return chromium
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_for(condition: Callable[[], Any], timeout: float, what: str,
@@ -104,7 +99,7 @@ def mappo_data_dir(tiny_world_dir: Path, tmp_path_factory: pytest.TempPathFactor
 def webui(chromium_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """``mmoa-cli webui`` in its own process group, working in a temporary folder."""
     workdir = tmp_path_factory.mktemp("webui_workdir")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(ROOT / "LLaMA-Factory" / "src"),
                                           os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
