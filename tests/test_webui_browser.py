@@ -153,7 +153,7 @@ def board(webui: dict, chromium_binary: str) -> Iterator[Board]:
     try:
         driver.get(webui["url"])
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        page = Board(driver)
+        page = Board(driver, webui["log"])
         _wait_for(lambda: page.find("#mmoa-train-training_stage input"), 60, "the Train tab")
         # LlamaBoard's start-up (language, output dir) arrives through demo.load.
         _wait_for(lambda: page.value("#mmoa-train-output_dir input"), 60, "LlamaBoard's defaults")
@@ -168,8 +168,17 @@ def board(webui: dict, chromium_binary: str) -> Iterator[Board]:
 class Board:
     """Small helpers over gradio 5's DOM (components found by the ``elem_id`` we give them)."""
 
-    def __init__(self, driver: Any) -> None:
+    def __init__(self, driver: Any, server_log: Path) -> None:
         self.driver = driver
+        self.server_log = server_log
+
+    def check_no_error_toast(self) -> None:
+        """Fail with the toast's text and the server's traceback when the UI showed an error
+        (otherwise the toast only surfaces later as a click that 'would hit another element')."""
+        toasts = [t.text for t in self.find_all(".toast-text.error") if t.text]
+        if toasts:
+            log = self.server_log.read_text(errors="replace")[-4000:]
+            pytest.fail(f"the web UI showed an error: {toasts}\n--- web UI log (tail) ---\n{log}")
 
     def find(self, css: str) -> Any:
         from selenium.webdriver.common.by import By
@@ -188,6 +197,7 @@ class Board:
         return self.find(css).text
 
     def click(self, css: str) -> None:
+        self.check_no_error_toast()
         element = self.find(css)
         self.driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", element)
         element.click()
@@ -196,6 +206,7 @@ class Board:
         """Replace a textbox's / number's content the way a user does (select all, type)."""
         from selenium.webdriver.common.keys import Keys
 
+        self.check_no_error_toast()
         element = self.find(css)
         self.driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", element)
         element.click()
@@ -208,6 +219,7 @@ class Board:
         """Pick ``option`` in a dropdown: type to filter, click the matching item."""
         from selenium.webdriver.common.keys import Keys
 
+        self.check_no_error_toast()
         box = self.find(f"#{elem_id} input")
         self.driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", box)
         box.click()

@@ -332,9 +332,60 @@ def test_remove_patches_restores_llamafactory(ui: tuple[Any, Any]) -> None:
         assert runner.get_trainer_info is originals["trainer_info"]
         assert interface.create_train_tab is originals["train_tab"]
         assert interface.create_footer is originals["footer"]
+        assert [m.save_config for m in patches._save_config_modules()] == originals["save_config"]
     finally:
         patches.apply_patches()
     wrapped = runner.Runner._parse_train_args
     patches.apply_patches()  # idempotent: no second layer of wrappers
     assert runner.Runner._parse_train_args is wrapped
     assert wrapped.__wrapped__ is originals["parse"]
+
+
+def _hammer_user_config(save: Any, threads: int = 8, calls: int = 40) -> list[BaseException]:
+    """What typing a model path does to LlamaBoard: un-queued ``save_config`` calls in parallel
+    threads, while other handlers read the file. Returns the errors the threads met."""
+    import threading
+
+    from llamafactory.webui.common import load_config
+
+    errors: list[BaseException] = []
+
+    def writer(index: int) -> None:
+        try:
+            for call in range(calls):
+                save("en", None, f"model-{index}", f"/models/{index}/{call}")
+        except BaseException as error:  # collected for the assertion
+            errors.append(error)
+
+    def reader() -> None:
+        try:
+            for _ in range(calls * 4):
+                config = load_config()
+                assert isinstance(config, dict) and "path_dict" in config, config
+        except BaseException as error:
+            errors.append(error)
+
+    workers = [threading.Thread(target=writer, args=(i,)) for i in range(threads)]
+    workers += [threading.Thread(target=reader) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return errors
+
+
+def test_concurrent_user_config_saves_never_leave_a_torn_file(ui: tuple[Any, Any]) -> None:
+    """The error toast CI once showed: a thread read user_config.yaml while another had just
+    truncated it. The patched save serialises writers and replaces the file atomically."""
+    from llamafactory.webui import common, interface
+    from llamafactory.webui.components import top
+
+    from mmoa.webui.patches import save_user_config
+
+    assert common.save_config is top.save_config is interface.save_config is save_user_config
+    Path(common._get_config_path()).unlink(missing_ok=True)
+    assert _hammer_user_config(save_user_config) == []
+    config = common.load_config()
+    assert config["lang"] == "en" and config["last_model"].startswith("model-")
+    # every writer's last path survives: no update was lost between two writers
+    assert config["path_dict"] == {f"model-{i}": f"/models/{i}/39" for i in range(8)}

@@ -18,7 +18,12 @@ our UI with theirs). Instead :func:`apply_patches` changes a few module-level na
    ``render=False`` and slipped into the tab's input set (through a temporary
    ``manager.get_base_elems``), so Preview, Start, Save and Load all carry them;
 7. ``interface.create_footer`` (called right after the last tab) first opens the RAG Playground
-   tab, which therefore joins LlamaBoard's tab strip.
+   tab, which therefore joins LlamaBoard's tab strip;
+8. ``save_config`` (bound by name in ``common``, ``components.top`` and ``interface``) becomes
+   :func:`save_user_config`: LlamaBoard runs it un-queued on every keystroke in the model path,
+   so several threads rewrite ``user_config.yaml`` at once, and one that reads the file while
+   another has just truncated it gets ``None`` and fails with an error toast. Ours serialises the
+   writers and replaces the file atomically, so readers always see a whole file.
 
 It also makes the defaults CPU-friendly when no accelerator is present: fp32 instead of bf16,
 and no more preprocessing workers than cores.
@@ -31,12 +36,14 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from mmoa.fileio import atomic_write_text
 from mmoa.train.launcher import MAPPO_STAGE, TrainConfigError, read_train_config
 from mmoa.webui.mappo_fields import (
     MAPPO_FIELDS,
@@ -56,6 +63,7 @@ ELEM_ID_PREFIX = "mmoa"
 
 _originals: dict[str, Any] = {}
 _last_engine: list[Any] = []
+_user_config_lock = threading.Lock()
 
 
 # -------------------------------------------------------------------- 3. route the subprocess
@@ -272,6 +280,37 @@ def _wrap_create_footer(original: Callable[[], dict[str, Any]]) -> Callable[[], 
     return create_footer
 
 
+# ------------------------------------------------------------------------- user config
+
+
+def save_user_config(lang: str, hub_name: str | None = None, model_name: str | None = None,
+                     model_path: str | None = None) -> None:
+    """LlamaBoard's ``save_config`` (same file, same keys), safe under concurrent calls."""
+    from llamafactory.webui import common
+
+    with _user_config_lock:
+        user_config = common.load_config() or {}
+        user_config.setdefault("path_dict", {})
+        user_config["lang"] = lang or user_config.get("lang")
+        if hub_name:
+            user_config["hub_name"] = hub_name
+        if model_name:
+            user_config["last_model"] = model_name
+        if model_name and model_path:
+            user_config["path_dict"][model_name] = model_path
+        atomic_write_text(common._get_config_path(), yaml.safe_dump(user_config))
+
+
+#: The webui modules that bound ``save_config`` by name at import.
+_SAVE_CONFIG_HOLDERS = ("common", "components.top", "interface")
+
+
+def _save_config_modules() -> list[Any]:
+    import importlib
+
+    return [importlib.import_module(f"llamafactory.webui.{name}") for name in _SAVE_CONFIG_HOLDERS]
+
+
 # ------------------------------------------------------------------------------- apply
 
 
@@ -287,6 +326,7 @@ def apply_patches() -> None:
         "popen": runner.Popen, "gen_cmd": runner.gen_cmd,
         "trainer_info": runner.get_trainer_info,
         "train_tab": interface.create_train_tab, "footer": interface.create_footer,
+        "save_config": [module.save_config for module in _save_config_modules()],
     })
     TRAINING_STAGES[MAPPO_STAGE_LABEL] = MAPPO_STAGE
     runner.Runner._parse_train_args = _wrap_parse_train_args(_originals["parse"])
@@ -296,6 +336,8 @@ def apply_patches() -> None:
     runner.get_trainer_info = _wrap_trainer_info(_originals["trainer_info"])
     interface.create_train_tab = _wrap_create_train_tab(_originals["train_tab"])
     interface.create_footer = _wrap_create_footer(_originals["footer"])
+    for module in _save_config_modules():
+        module.save_config = save_user_config
 
 
 def remove_patches() -> None:
@@ -313,6 +355,8 @@ def remove_patches() -> None:
     runner.get_trainer_info = _originals["trainer_info"]
     interface.create_train_tab = _originals["train_tab"]
     interface.create_footer = _originals["footer"]
+    for module, original in zip(_save_config_modules(), _originals["save_config"], strict=True):
+        module.save_config = original
     _originals.clear()
     _last_engine.clear()
 
