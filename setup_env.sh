@@ -5,6 +5,7 @@
 #   MMOA_EXTRAS   pip extras to install (default "dev": pytest and ruff)
 #   PYTHON        interpreter that creates the venv (default python3, must be >= 3.11)
 #   MMOA_BROWSER  0 skips the Chromium step (the web UI browser test is then skipped)
+#   MMOA_DEEPSPEED 0 skips DeepSpeed (ZeRO-2/3; its CPU test is then skipped)
 # It also installs Debian's chromium and chromium-driver (for the web UI browser test) when
 # chromedriver is missing and apt-get can be used (root or passwordless sudo).
 set -euo pipefail
@@ -53,7 +54,8 @@ VENV=${MMOA_VENV:-.venv}
 EXTRAS=${MMOA_EXTRAS:-dev}
 PYTHON=${PYTHON:-python3}
 STAMP="$VENV/.mmoa-setup-stamp"
-WANT="$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1) extras=$EXTRAS"
+DEEPSPEED=${MMOA_DEEPSPEED:-1}
+WANT="$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1) extras=$EXTRAS deepspeed=$DEEPSPEED"
 
 if [ -x "$VENV/bin/python" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] \
    && "$VENV/bin/python" -c "import mmoa" >/dev/null 2>&1; then
@@ -71,5 +73,14 @@ echo "[setup] creating $VENV and installing the pinned stack (first run: a few m
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet -c requirements.lock -e ".[$EXTRAS]"
+if [ "$DEEPSPEED" != "0" ]; then
+  # DeepSpeed ships as a source package whose setup.py imports torch: build it against this
+  # venv's torch (no build isolation, which would fetch a second torch) and without compiling
+  # its CUDA ops (DS_BUILD_OPS=0; a GPU machine JIT-builds the few it uses).
+  echo "[setup] installing DeepSpeed (ZeRO-2/3 for the SFT and MAPPO stages)"
+  "$VENV/bin/python" -m pip install --quiet -c requirements.lock setuptools wheel
+  DS_BUILD_OPS=0 "$VENV/bin/python" -m pip install --quiet --no-build-isolation \
+    -c requirements.lock "deepspeed==$(sed -n 's/^deepspeed==//p' requirements.lock)"
+fi
 echo "$WANT" > "$STAMP"
 echo "[setup] done: $("$VENV/bin/mmoa-cli" --version)"

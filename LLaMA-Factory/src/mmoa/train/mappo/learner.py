@@ -65,6 +65,27 @@ class PolicyWithValue(nn.Module):
     def config(self) -> Any:
         return self.policy.config
 
+    # The generation helpers of trl and transformers ask the module they unwrap about these.
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return bool(getattr(self.policy, "is_gradient_checkpointing", False))
+
+    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
+        self.policy.gradient_checkpointing_enable(**kwargs)
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.policy.gradient_checkpointing_disable()
+
+    def set_reference(self, ref_model: nn.Module) -> None:
+        """Replace the separate reference (DeepSpeed ZeRO-3 wraps it in an inference engine)."""
+        if not self._ref:
+            raise RuntimeError("this policy uses its disabled adapter as the reference")
+        self._ref[0] = ref_model
+
+    @property
+    def reference_model(self) -> nn.Module | None:
+        return self._ref[0] if self._ref else None
+
     def forward(self, batch: SampleBatch, with_entropy: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         out = self.policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
@@ -137,7 +158,14 @@ class PPOLearner:
     """Runs PPO updates of a :class:`PolicyWithValue` with a given optimiser.
 
     ``backward`` and ``clip_grad`` default to plain torch; the Trainer passes accelerate's, so
-    DDP and DeepSpeed reduce gradients exactly as in LLaMA-Factory's own stages.
+    DDP reduces gradients exactly as in LLaMA-Factory's own stages.
+
+    With ``engine_steps`` (DeepSpeed) an engine owns clipping, the optimiser step and zeroing:
+    ``backward(loss, boundary)`` is told which micro-batch closes a gradient-accumulation group
+    and steps the engine there, and ``clip_grad`` only reports the norm the engine computed. The
+    engine counts every micro-batch, so a non-finite loss cannot simply be left out: its
+    micro-batch back-propagates zero instead (the group's other micro-batches still step) and is
+    counted in ``skipped_updates``.
     """
 
     def __init__(
@@ -148,10 +176,11 @@ class PPOLearner:
         pad_id: int,
         *,
         unwrap: Callable[[nn.Module], PolicyWithValue] | None = None,
-        backward: Callable[[torch.Tensor], None] | None = None,
+        backward: Callable[..., None] | None = None,
         clip_grad: Callable[[Any, float], Any] | None = None,
         accumulate: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         generator: torch.Generator | None = None,
+        engine_steps: bool = False,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -162,6 +191,7 @@ class PPOLearner:
         self.clip_grad = clip_grad or torch.nn.utils.clip_grad_norm_
         self.accumulate = accumulate
         self.generator = generator
+        self.engine_steps = engine_steps
         if config.adaptive_kl:
             self.kl_ctl: AdaptiveKLController | FixedKLController = AdaptiveKLController(
                 config.init_kl_coef, config.kl_target, config.kl_horizon, config.min_kl_coef)
@@ -224,6 +254,9 @@ class PPOLearner:
             batches = minibatches(n, micro, self.generator)
             for start in range(0, len(batches), cfg.gradient_accumulation_steps):
                 group = batches[start: start + cfg.gradient_accumulation_steps]
+                if self.engine_steps:
+                    skipped += self._engine_group(rollout, group, stats)
+                    continue
                 self.optimizer.zero_grad(set_to_none=True)
                 finite = True
                 for indices in group:
@@ -252,6 +285,25 @@ class PPOLearner:
         out["updates"] = float(cfg.ppo_epochs * math.ceil(len(range(0, n, micro))
                                                           / cfg.gradient_accumulation_steps))
         return out
+
+    def _engine_group(self, rollout: Rollout, group: list[list[int]],
+                      stats: dict[str, list[float]]) -> int:
+        """One accumulation group under an engine that steps itself; returns 1 if a micro-batch
+        had a non-finite loss (it back-propagated zero), else 0."""
+        nonfinite = 0
+        for position, indices in enumerate(group):
+            loss, step_stats = self._loss(rollout, indices, len(group))
+            if torch.isfinite(loss):
+                for key, value in step_stats.items():
+                    stats[key].append(value)
+            else:
+                nonfinite = 1
+                loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0) * 0.0
+            self.backward(loss, position == len(group) - 1)  # type: ignore[call-arg]
+        grad_norm = self.clip_grad(self.model.parameters(), self.config.max_grad_norm)
+        if grad_norm is not None and math.isfinite(float(grad_norm)):
+            stats["grad_norm"].append(float(grad_norm))
+        return nonfinite
 
     def _loss(self, rollout: Rollout, indices: list[int], group_size: int
               ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -21,6 +21,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import time
 from collections import defaultdict
@@ -50,6 +51,9 @@ STATE_FILE = "mappo_state.json"
 RNG_FILE = "rng_state.pth"
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
+#: Under DeepSpeed: the engine's checkpoint (weights and partitioned optimiser state).
+DEEPSPEED_DIR = "deepspeed"
+DEEPSPEED_TAG = "mappo"
 
 
 class TrainingStopped(RuntimeError):
@@ -145,7 +149,16 @@ class MappoTrainer(Trainer):
     # -- rollout and rewards -------------------------------------------------------------------
 
     def rollout(self, records: Sequence[QARecord]) -> tuple[list[Trace], dict[str, float]]:
-        policy = self.accelerator.unwrap_model(self.model).policy
+        # Under ZeRO-3 every process holds a slice of the weights: generation runs on the
+        # gathered full weights (trl's helper), as in trl's own online trainers.
+        from trl.models.utils import unwrap_model_for_generation
+
+        wrapped = self.model_wrapped if self.model_wrapped is not None else self.model
+        with unwrap_model_for_generation(wrapped, self.accelerator) as unwrapped:
+            return self._rollout(unwrapped.policy, records)
+
+    def _rollout(self, policy: Any, records: Sequence[QARecord]
+                 ) -> tuple[list[Trace], dict[str, float]]:
         policy.eval()
         settings = GenerationSettings(
             do_sample=True,
@@ -193,14 +206,63 @@ class MappoTrainer(Trainer):
 
     # -- the loop ------------------------------------------------------------------------------
 
+    def zero_stage(self) -> int | None:
+        """The DeepSpeed ZeRO stage of this run, ``None`` without DeepSpeed."""
+        if not self.is_deepspeed_enabled:
+            return None
+        return int(self.accelerator.state.deepspeed_plugin.zero_stage)
+
+    def _prepare_deepspeed(self) -> tuple[Any, dict[str, Any]]:
+        """The DeepSpeed engine and how the learner drives it.
+
+        Our optimiser and LR schedule come from the llamafactory keys, as in DDP runs; the
+        engine wraps that optimiser (ZeRO partitions its state), clips with ``max_grad_norm``
+        (``gradient_clipping: auto``) and steps at each accumulation boundary.
+        """
+        plugin = self.accelerator.state.deepspeed_plugin
+        for section in ("optimizer", "scheduler"):
+            if section in plugin.deepspeed_config:
+                raise ValueError(
+                    f"the mappo stage builds its optimiser and LR schedule from the llamafactory "
+                    f"keys: remove the `{section}` section from the DeepSpeed config "
+                    f"{self.args.deepspeed}")
+        plugin.hf_ds_config.trainer_config_finalize(self.args, self.model, self.total_steps)
+        engine, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
+        unwrapped: PolicyWithValue = self.accelerator.unwrap_model(engine)
+        if self.zero_stage() == 3 and unwrapped.reference_model is not None:
+            # A frozen full copy was loaded partitioned (zero.Init): it needs an engine too.
+            from trl.models.utils import prepare_deepspeed
+
+            unwrapped.set_reference(prepare_deepspeed(unwrapped.reference_model,
+                                                      self.accelerator))
+
+        def backward(loss: torch.Tensor, boundary: bool = True) -> None:
+            engine.set_gradient_accumulation_boundary(boundary)
+            engine.backward(loss, scale_wrt_gas=False)  # the learner already averages a group
+            if boundary:
+                # no_grad: with the gloo backend (CPU) ZeRO's all-gather writes into views of
+                # a flat buffer, which autograd refuses while grad mode is on.
+                with torch.no_grad():
+                    engine.step()
+
+        def grad_norm(_parameters: Any, _max_norm: float) -> float | None:
+            norm = engine.get_global_grad_norm()
+            return None if norm is None else float(norm)
+
+        return engine, {"backward": backward, "clip_grad": grad_norm, "engine_steps": True}
+
     def mappo_train(self, resume_from_checkpoint: str | None = None) -> None:
-        model = self.accelerator.prepare_model(self.model)
+        if self.is_deepspeed_enabled:
+            model, drive = self._prepare_deepspeed()
+        else:
+            model = self.accelerator.prepare_model(self.model)
+            drive = {"backward": self.accelerator.backward}
         self.model_wrapped = model
         learner = PPOLearner(
             model, self.optimizer, self.ppo_config, self._pad_id(),
             unwrap=self.accelerator.unwrap_model,
-            backward=self.accelerator.backward,
             generator=torch.Generator().manual_seed(self.args.seed),
+            **drive,
         )
         start_step = 0
         if resume_from_checkpoint:
@@ -338,39 +400,95 @@ class MappoTrainer(Trainer):
     # -- checkpoints ---------------------------------------------------------------------------
 
     def save_policy(self, folder: Path) -> None:
-        """Adapter (LoRA) or full weights, the value head and the tokenizer."""
+        """Adapter (LoRA) or full weights, the value head and the tokenizer.
+
+        Every process must call it: under ZeRO-3 the weights are gathered from all of them;
+        the main process writes."""
+        state = self._gathered_state()
+        if self.is_world_process_zero():
+            self._write_policy(Path(folder), state)
+
+    def _gathered_state(self) -> dict[str, Any] | None:
+        if self.zero_stage() != 3:
+            return None  # every process holds the full weights
+        return self.accelerator.get_state_dict(self.model_wrapped)
+
+    def _write_policy(self, folder: Path, state: dict[str, Any] | None) -> None:
         unwrapped: PolicyWithValue = self.accelerator.unwrap_model(self.model)
-        unwrapped.policy.save_pretrained(folder, safe_serialization=True)
-        unwrapped.v_head.save(folder)
+        if state is None:
+            unwrapped.policy.save_pretrained(folder, safe_serialization=True)
+            unwrapped.v_head.save(folder)
+        else:
+            def part(prefix: str) -> dict[str, Any]:
+                return {k.removeprefix(prefix): v for k, v in state.items()
+                        if k.startswith(prefix)}
+
+            unwrapped.policy.save_pretrained(folder, state_dict=part("policy."),
+                                             safe_serialization=True)
+            unwrapped.v_head.save(folder, state_dict=part("v_head."))
         self.processing_class.save_pretrained(folder)
 
     def save_mappo_checkpoint(self, learner: PPOLearner) -> Path:
+        """Every process calls it; the checkpoint folder appears whole or not at all.
+
+        With several processes each one writes its own RNG state (its sampling draws differ)
+        and, under DeepSpeed, its optimiser partition (the engine's ``save_checkpoint``) into a
+        staging folder that the main process moves into the checkpoint."""
         folder = Path(self.args.output_dir) / f"{CHECKPOINT_PREFIX}-{self.state.global_step}"
-        if not self.is_world_process_zero():
-            return folder
-        with atomic_dir(folder) as tmp:
-            self.save_policy(tmp)
-            torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
-            if self.lr_scheduler is not None:
-                torch.save(self.lr_scheduler.state_dict(), tmp / SCHEDULER_FILE)
-            atomic_write_json(tmp / STATE_FILE, {
-                "global_step": self.state.global_step,
-                "kl_controller": learner.kl_ctl.state_dict(),
-                "nonfinite_in_a_row": self._nonfinite_in_a_row,
-                "questions_per_step": self.questions_per_step,
-                "world_size": self.args.world_size,
-            })
-            torch.save({
-                "python": random.getstate(),
-                "numpy": np.random.get_state(),
-                "torch": torch.get_rng_state(),
-                "learner_generator": learner.generator.get_state() if learner.generator
-                else None,
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-            }, tmp / RNG_FILE)
-            self.state.save_to_json(str(tmp / "trainer_state.json"))
-        self.callback_handler.on_save(self.args, self.state, self.control)
+        distributed = self.args.world_size > 1
+        staging = folder.with_name(f".{folder.name}.parts")
+        if distributed:
+            if self.is_world_process_zero() and staging.exists():
+                shutil.rmtree(staging)
+            self.accelerator.wait_for_everyone()
+            staging.mkdir(parents=True, exist_ok=True)
+            torch.save(self._rng_state(learner), staging / self._rng_file())
+            if self.is_deepspeed_enabled:
+                self.model_wrapped.save_checkpoint(str(staging / DEEPSPEED_DIR),
+                                                   tag=DEEPSPEED_TAG)
+            self.accelerator.wait_for_everyone()
+        state = self._gathered_state()
+        if self.is_world_process_zero():
+            with atomic_dir(folder) as tmp:
+                self._write_policy(tmp, state)
+                if not self.is_deepspeed_enabled:
+                    torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+                if self.lr_scheduler is not None:
+                    torch.save(self.lr_scheduler.state_dict(), tmp / SCHEDULER_FILE)
+                atomic_write_json(tmp / STATE_FILE, {
+                    "global_step": self.state.global_step,
+                    "kl_controller": learner.kl_ctl.state_dict(),
+                    "nonfinite_in_a_row": self._nonfinite_in_a_row,
+                    "questions_per_step": self.questions_per_step,
+                    "world_size": self.args.world_size,
+                })
+                if distributed:
+                    for part in staging.iterdir():
+                        os.replace(part, tmp / part.name)
+                    staging.rmdir()
+                else:
+                    torch.save(self._rng_state(learner), tmp / RNG_FILE)
+                self.state.save_to_json(str(tmp / "trainer_state.json"))
+            self.callback_handler.on_save(self.args, self.state, self.control)
+        if distributed:
+            self.accelerator.wait_for_everyone()
         return folder
+
+    def _rng_file(self) -> str:
+        """``rng_state.pth``, or ``rng_state_<rank>.pth`` with several processes."""
+        if self.args.world_size > 1:
+            return f"{Path(RNG_FILE).stem}_{self.args.process_index}.pth"
+        return RNG_FILE
+
+    @staticmethod
+    def _rng_state(learner: PPOLearner) -> dict[str, Any]:
+        return {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            "learner_generator": learner.generator.get_state() if learner.generator else None,
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        }
 
     def load_mappo_checkpoint(self, folder: str | os.PathLike[str], learner: PPOLearner) -> int:
         path = Path(folder)
@@ -384,16 +502,33 @@ class MappoTrainer(Trainer):
                 f"{path}: saved with {saved['questions_per_step']} questions per step on "
                 f"{saved['world_size']} processes; this run uses {self.questions_per_step} on "
                 f"{self.args.world_size}, so the data order would not continue")
-        unwrapped: PolicyWithValue = self.accelerator.unwrap_model(self.model)
-        load_policy_weights(unwrapped.policy, path)
-        unwrapped.v_head.load(path)
-        self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, weights_only=False))
+        if self.is_deepspeed_enabled:
+            if not (path / DEEPSPEED_DIR).is_dir():
+                raise FileNotFoundError(f"{path}: saved without DeepSpeed (no {DEEPSPEED_DIR}/); "
+                                        "resume it without `deepspeed`")
+            # weights (policy + value head) and this process's optimiser partition
+            self.model_wrapped.load_checkpoint(str(path / DEEPSPEED_DIR), tag=DEEPSPEED_TAG,
+                                               load_optimizer_states=True,
+                                               load_lr_scheduler_states=False)
+        else:
+            if not (path / OPTIMIZER_FILE).is_file():
+                raise FileNotFoundError(f"{path}: no {OPTIMIZER_FILE} (a DeepSpeed checkpoint "
+                                        "resumes only under `deepspeed`)")
+            unwrapped: PolicyWithValue = self.accelerator.unwrap_model(self.model)
+            load_policy_weights(unwrapped.policy, path)
+            unwrapped.v_head.load(path)
+            self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE,
+                                                      weights_only=False))
         if self.lr_scheduler is not None and (path / SCHEDULER_FILE).is_file():
             self.lr_scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE,
                                                          weights_only=False))
         learner.kl_ctl.load_state_dict(saved["kl_controller"])
         self._nonfinite_in_a_row = saved["nonfinite_in_a_row"]
-        rng = torch.load(path / RNG_FILE, weights_only=False)
+        rng_file = path / self._rng_file()
+        if not rng_file.is_file():
+            raise FileNotFoundError(f"{path}: no {rng_file.name} for process "
+                                    f"{self.args.process_index}")
+        rng = torch.load(rng_file, weights_only=False)
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
         torch.set_rng_state(rng["torch"])

@@ -10,6 +10,7 @@ LLaMA-Factory as well.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -35,10 +36,12 @@ class ValueHead(nn.Module):
         hidden = self.dropout(hidden_states).to(self.summary.weight.dtype)
         return self.summary(hidden).squeeze(-1)
 
-    def save(self, folder: str | Path) -> Path:
+    def save(self, folder: str | Path, state_dict: dict[str, Any] | None = None) -> Path:
+        """Writes this head's weights, or ``state_dict`` (this head's keys, gathered elsewhere:
+        under DeepSpeed ZeRO-3 the module itself only holds a partition)."""
         path = Path(folder) / VALUE_HEAD_FILE
-        state = {KEY_PREFIX + k: v.detach().cpu().contiguous() for k, v in
-                 self.state_dict().items()}
+        own = self.state_dict() if state_dict is None else state_dict
+        state = {KEY_PREFIX + k: v.detach().cpu().contiguous() for k, v in own.items()}
         save_file(state, str(path), metadata={"format": "pt"})
         return path
 

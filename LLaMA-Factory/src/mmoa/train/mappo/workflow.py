@@ -69,10 +69,10 @@ def run_mappo(config: dict[str, Any], callbacks: list[Any] | None = None) -> Non
     trainer, training_args, finetuning_args = build_mappo_trainer(config, callbacks)
     torch.manual_seed(training_args.seed)
     trainer.mappo_train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    output = Path(training_args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    trainer.save_policy(output)  # every process: ZeRO-3 gathers the weights from all of them
     if trainer.is_world_process_zero():
-        output = Path(training_args.output_dir)
-        output.mkdir(parents=True, exist_ok=True)
-        trainer.save_policy(output)
         trainer.state.save_to_json(str(output / "trainer_state.json"))
         if finetuning_args.plot_loss:
             plot_loss(str(output), keys=PLOT_KEYS)
@@ -95,13 +95,6 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
     model_args, data_args, training_args, finetuning_args, _ = get_train_args(rest)
     if not data_args.dataset:
         raise ValueError("the mappo stage needs `dataset` (a MAPPO prompt set)")
-    if training_args.deepspeed:
-        # Rollouts generate with the full weights on every rank; under ZeRO-3 that needs a
-        # parameter gather per generate call, which this stage does not do yet.
-        raise ValueError(
-            "the mappo stage does not support `deepspeed` yet: run it with DDP (torchrun, "
-            "FORCE_TORCHRUN=1) and LoRA; the ZeRO configs in LLaMA-Factory/examples/deepspeed "
-            "apply to the SFT stage")
     records = load_mappo_records(",".join(data_args.dataset), data_args.dataset_dir,
                                  data_args.max_samples)
     retriever = check_retriever(mappo_args)
