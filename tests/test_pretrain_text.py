@@ -42,6 +42,9 @@ def test_drills_repeat_what_came_before(tiny_world: DemoWorld) -> None:
         documents, tail = text.split("\n\nQuestion: ")
         assert "\nSub-questions: " in tail and "\nAnswer: " in tail
         assert not any(line in excluded for line in documents.split("\n"))
+    denser = build_pretrain_texts(seeds=(5,), n_passages=200, exclude_titles=excluded,
+                                  copy_drills_per_passage=3)
+    assert [text_kind(t["text"]) for t in denser].count("copy") == 3 * kinds.count("passage")
     assert copy_drill(["Ada Li", "Bo Ek"]) == (
         "Names: Ada Li, Bo Ek.\nThe same names again: Ada Li, Bo Ek.")
 

@@ -74,6 +74,7 @@ def build_pretrain_texts(
     exclude_titles: Iterable[str] = (),
     shuffle_seed: int = 0,
     drills: bool = True,
+    copy_drills_per_passage: int = 1,
 ) -> list[dict[str, str]]:
     """``{"text": ...}`` records from one demo world per seed, without the excluded titles.
 
@@ -101,7 +102,7 @@ def build_pretrain_texts(
             rng.shuffle(passages)
             texts.append({"text": reading_drill(question, passages)})
         titles = [p["title"] for p in kept]
-        for _ in range(len(kept)):
+        for _ in range(len(kept) * copy_drills_per_passage):
             texts.append({"text": copy_drill(rng.sample(titles, min(len(titles), 8)))})
     rng.shuffle(texts)
     return texts
@@ -137,6 +138,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--n-passages", type=int, default=2000, help="passages per world")
     parser.add_argument("--no-drills", action="store_true",
                         help="plain passages only (no reading or copy drills)")
+    parser.add_argument("--copy-drills", type=int, default=1, metavar="N",
+                        help="copy drills per passage (default 1)")
     parser.add_argument("--exclude-corpus", help="corpus.jsonl of the evaluation world: its "
                         "titles are left out of the pre-training text")
     return parser
@@ -148,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
     if args.exclude_corpus:
         excluded = {row["title"] for _, row in iter_jsonl(args.exclude_corpus)}
     texts = build_pretrain_texts(args.seeds, args.n_passages, excluded,
-                                 drills=not args.no_drills)
+                                 drills=not args.no_drills,
+                                 copy_drills_per_passage=args.copy_drills)
     path = write_pretrain_dataset(texts, args.dataset_dir, args.name)
     kinds = Counter(text_kind(t["text"]) for t in texts)
     print(f"pre-training text from worlds {args.seeds}: {len(texts)} records "
