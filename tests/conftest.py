@@ -44,6 +44,17 @@ def tiny_world_dir(tmp_path_factory: pytest.TempPathFactory, tiny_world: DemoWor
 
 
 @pytest.fixture(scope="session")
+def tiny_mappo_data_dir(tmp_path_factory: pytest.TempPathFactory, tiny_world_dir: Path) -> Path:
+    """``tiny_world``'s train split as the MAPPO prompt set ``tiny_mappo`` (read-only)."""
+    from mmoa.data.loaders import load_qa
+    from mmoa.data.sft_builder import write_mappo_dataset
+
+    out = tmp_path_factory.mktemp("tiny_mappo_data")
+    write_mappo_dataset(load_qa(tiny_world_dir / "train.jsonl", "demo"), out, "tiny_mappo")
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_index_dir(tmp_path_factory: pytest.TempPathFactory, tiny_world_dir: Path) -> Path:
     """A Flat index over ``tiny_world``'s corpus with the bundled MiniLM encoder."""
     from mmoa.retrieval.builder import BuildConfig, build_index

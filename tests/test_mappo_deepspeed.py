@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mmoa.data.loaders import load_qa
-from mmoa.data.sft_builder import write_mappo_dataset
+from tests.mappo_fixtures import tiny_mappo_config
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (MMOA_DEEPSPEED=0)")
 
@@ -28,33 +27,15 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def mappo_data(tiny_world_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("ds_mappo_data")
-    write_mappo_dataset(load_qa(tiny_world_dir / "train.jsonl", "demo"), out, "tiny_mappo")
-    return out
-
-
-@pytest.fixture(scope="module")
-def launch(tiny_model_dir: Path, mappo_data: Path, tiny_server_url: str,
+def launch(tiny_model_dir: Path, tiny_mappo_data_dir: Path, tiny_server_url: str,
            tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("ds_runs")
 
     def run(name: str, deepspeed: str | None, **extra) -> Path:
         out = root / name
-        config = {
-            "stage": "mappo", "do_train": True, "model_name_or_path": str(tiny_model_dir),
-            "finetuning_type": "full", "template": "llama3", "dataset": "tiny_mappo",
-            "dataset_dir": str(mappo_data), "output_dir": str(out),
-            "overwrite_output_dir": True, "disable_gradient_checkpointing": True,
-            "report_to": "none", "plot_loss": False,
-            # two micro-batches per update: the engine's accumulation boundary is exercised
-            "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
-            "learning_rate": 1e-4, "max_steps": 2, "logging_steps": 1, "save_steps": 1,
-            "ppo_epochs": 1, "seed": 7, "lr_scheduler_type": "constant", "bf16": False,
-            "mappo_retriever_url": tiny_server_url, "mappo_questions_per_rollout": 4,
-            "mappo_rollout_batch_size": 4, "mappo_max_new_tokens_qr": 16,
-            "mappo_max_new_tokens_selector": 12, "mappo_max_new_tokens_generator": 8,
-        }
+        # two micro-batches per update: the engine's accumulation boundary is exercised
+        config = tiny_mappo_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out,
+                                   plot_loss=False, gradient_accumulation_steps=2, max_steps=2)
         if deepspeed:
             config["deepspeed"] = str(DS_CONFIGS / deepspeed)
         config.update(extra)

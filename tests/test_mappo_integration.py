@@ -9,42 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from mmoa.data.loaders import load_qa
-from mmoa.data.sft_builder import write_mappo_dataset
 from mmoa.train.mappo.workflow import run_mappo, run_mappo_from_config
+from tests.mappo_fixtures import tiny_mappo_config as _config
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def mappo_data(tiny_world_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("mappo_data")
-    write_mappo_dataset(load_qa(tiny_world_dir / "train.jsonl", "demo"), out, "tiny_mappo")
-    return out
-
-
-def _config(model: Path, data: Path, url: str, output: Path, **extra) -> dict:
-    config = {
-        "stage": "mappo", "do_train": True, "model_name_or_path": str(model),
-        "finetuning_type": "full", "template": "llama3", "dataset": "tiny_mappo",
-        "dataset_dir": str(data), "output_dir": str(output), "overwrite_output_dir": True,
-        "disable_gradient_checkpointing": True, "report_to": "none", "plot_loss": True,
-        "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1,
-        "learning_rate": 1e-4, "max_steps": 3, "logging_steps": 1, "save_steps": 1,
-        "ppo_epochs": 1, "seed": 7, "lr_scheduler_type": "constant", "bf16": False,
-        "mappo_retriever_url": url, "mappo_questions_per_rollout": 4,
-        "mappo_rollout_batch_size": 4, "mappo_max_new_tokens_qr": 16,
-        "mappo_max_new_tokens_selector": 12, "mappo_max_new_tokens_generator": 8,
-    }
-    config.update(extra)
-    return config
-
-
-@pytest.fixture(scope="module")
-def full_run(tiny_model_dir: Path, mappo_data: Path, tiny_server_url: str,
+def full_run(tiny_model_dir: Path, tiny_mappo_data_dir: Path, tiny_server_url: str,
              tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("mappo") / "run"
-    run_mappo(_config(tiny_model_dir, mappo_data, tiny_server_url, out))
+    run_mappo(_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out))
     return out
 
 
@@ -77,10 +52,10 @@ def test_three_steps_write_checkpoints_logs_and_plots(full_run: Path) -> None:
 
 
 def test_resumed_run_matches_the_uninterrupted_one(full_run: Path, tiny_model_dir: Path,
-                                                   mappo_data: Path, tiny_server_url: str,
+                                                   tiny_mappo_data_dir: Path, tiny_server_url: str,
                                                    tmp_path: Path) -> None:
     out = tmp_path / "resumed"
-    run_mappo(_config(tiny_model_dir, mappo_data, tiny_server_url, out,
+    run_mappo(_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out,
                       resume_from_checkpoint=str(full_run / "checkpoint-2")))
     full = json.loads((full_run / "trainer_state.json").read_text())["log_history"]
     resumed = json.loads((out / "trainer_state.json").read_text())["log_history"]
@@ -90,9 +65,9 @@ def test_resumed_run_matches_the_uninterrupted_one(full_run: Path, tiny_model_di
         assert resumed[-1][key] == pytest.approx(full[-1][key], rel=1e-4, abs=1e-5), key
 
 
-def test_unreachable_retriever_fails_before_loading_the_model(mappo_data: Path,
+def test_unreachable_retriever_fails_before_loading_the_model(tiny_mappo_data_dir: Path,
                                                               tmp_path: Path, capsys) -> None:
-    config = _config(tmp_path / "no-model-here", mappo_data, "http://127.0.0.1:9",
+    config = _config(tmp_path / "no-model-here", tiny_mappo_data_dir, "http://127.0.0.1:9",
                      tmp_path / "out", mappo_retriever_retries=0)
     assert run_mappo_from_config(config) == 1
     err = capsys.readouterr().err
@@ -111,7 +86,7 @@ def test_dataset_without_answers_is_refused(tmp_path: Path, tiny_server_url: str
 
 
 @pytest.mark.slow
-def test_two_processes_under_torchrun(tiny_model_dir: Path, mappo_data: Path,
+def test_two_processes_under_torchrun(tiny_model_dir: Path, tiny_mappo_data_dir: Path,
                                       tiny_server_url: str, tmp_path: Path) -> None:
     """FORCE_TORCHRUN=1 runs one process per rank (gloo on CPU); DDP keeps the weights equal
     and the logged metrics are the mean over both ranks' questions."""
@@ -122,7 +97,7 @@ def test_two_processes_under_torchrun(tiny_model_dir: Path, mappo_data: Path,
     import yaml
 
     out = tmp_path / "ddp"
-    config = _config(tiny_model_dir, mappo_data, tiny_server_url, out, max_steps=1,
+    config = _config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out, max_steps=1,
                      save_steps=1)
     (tmp_path / "ddp.yaml").write_text(yaml.safe_dump(config))
     env = {**os.environ, "FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2"}

@@ -86,16 +86,6 @@ def chromium_binary() -> str:
 
 
 @pytest.fixture(scope="module")
-def mappo_data_dir(tiny_world_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mmoa.data.loaders import load_qa
-    from mmoa.data.sft_builder import write_mappo_dataset
-
-    out = tmp_path_factory.mktemp("webui_data")
-    write_mappo_dataset(load_qa(tiny_world_dir / "train.jsonl", "demo"), out, "tiny_mappo")
-    return out
-
-
-@pytest.fixture(scope="module")
 def webui(chromium_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """``mmoa-cli webui`` in its own process group, working in a temporary folder."""
     workdir = tmp_path_factory.mktemp("webui_workdir")
@@ -262,7 +252,7 @@ class Board:
 
 def test_mappo_stage_preview_start_progress_and_stop(board: Board, webui: dict,
                                                      tiny_model_dir: Path,
-                                                     mappo_data_dir: Path,
+                                                     tiny_mappo_data_dir: Path,
                                                      tiny_server_url: str) -> None:
     output_dir = webui["workdir"] / "runs" / "mappo_ui"
     board.click("button[role=tab]:first-child")
@@ -270,7 +260,7 @@ def test_mappo_stage_preview_start_progress_and_stop(board: Board, webui: dict,
     board.type("#mmoa-top-model_path textarea", str(tiny_model_dir))
     board.choose("mmoa-top-template", "llama3")
     board.choose("mmoa-train-training_stage", MAPPO_LABEL)
-    board.type("#mmoa-train-dataset_dir textarea", str(mappo_data_dir))
+    board.type("#mmoa-train-dataset_dir textarea", str(tiny_mappo_data_dir))
     board.choose("mmoa-train-dataset", "tiny_mappo", multiselect=True)
     board.type("#mmoa-train-batch_size input[type=number]", "2")
     board.type("#mmoa-train-gradient_accumulation_steps input[type=number]", "1")
