@@ -65,16 +65,12 @@ class PolicyWithValue(nn.Module):
     def config(self) -> Any:
         return self.policy.config
 
-    # The generation helpers of trl and transformers ask the module they unwrap about these.
     @property
     def is_gradient_checkpointing(self) -> bool:
-        return bool(getattr(self.policy, "is_gradient_checkpointing", False))
-
-    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
-        self.policy.gradient_checkpointing_enable(**kwargs)
-
-    def gradient_checkpointing_disable(self) -> None:
-        self.policy.gradient_checkpointing_disable()
+        """Asked by trl's ``unwrap_model_for_generation``, which would switch checkpointing off
+        around generation and back on with default settings. The rollout generates in eval
+        mode, where checkpointing does nothing, so the policy keeps LLaMA-Factory's settings."""
+        return False
 
     def set_reference(self, ref_model: nn.Module) -> None:
         """Replace the separate reference (DeepSpeed ZeRO-3 wraps it in an inference engine)."""
