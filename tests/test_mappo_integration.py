@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,3 +109,79 @@ def test_two_processes_under_torchrun(tiny_model_dir: Path, tiny_mappo_data_dir:
     assert "launching 2 MAPPO processes" in result.stdout
     assert (out / "checkpoint-1" / "model.safetensors").is_file()
     assert len(_log(out)) == 1
+
+
+def test_a_retriever_that_dies_mid_run_saves_and_stops(tiny_model_dir: Path,
+                                                       tiny_mappo_data_dir: Path,
+                                                       tiny_index_dir: Path,
+                                                       tmp_path: Path) -> None:
+    """The server goes away after step 1: step 2's rollout retries, then the run saves the
+    last completed step and stops with a message naming it."""
+    from transformers import TrainerCallback
+
+    from mmoa.train.mappo.trainer import TrainingStopped
+    from tests.retrieval_fixtures import running_server
+
+    out = tmp_path / "run"
+    with running_server(["--index", str(tiny_index_dir)],
+                        log_path=tmp_path / "server.log") as server:
+
+        class StopServerAfterStepOne(TrainerCallback):
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                if state.global_step == 1:
+                    server.stop()
+
+        config = _config(tiny_model_dir, tiny_mappo_data_dir, server.url, out,
+                         save_steps=100, mappo_retriever_retries=1,
+                         mappo_retriever_timeout=5)
+        with pytest.raises(TrainingStopped, match=r"retrieval failed at step 2 .*step \(1\)"):
+            run_mappo(config, callbacks=[StopServerAfterStepOne()])
+    assert (out / "checkpoint-1" / "mappo_state.json").is_file()
+    assert json.loads((out / "checkpoint-1" / "mappo_state.json").read_text())[
+        "global_step"] == 1
+
+
+@pytest.mark.slow
+def test_two_processes_stop_together_when_the_retriever_dies(tiny_model_dir: Path,
+                                                             tiny_mappo_data_dir: Path,
+                                                             tiny_index_dir: Path,
+                                                             tmp_path: Path) -> None:
+    """Under torchrun both processes see the failure, save one checkpoint together (each its
+    own RNG state) and exit; none is left waiting for the other."""
+    import os
+    import re
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from tests.retrieval_fixtures import running_server
+
+    out = tmp_path / "ddp"
+    with running_server(["--index", str(tiny_index_dir)],
+                        log_path=tmp_path / "server.log") as server:
+        config = _config(tiny_model_dir, tiny_mappo_data_dir, server.url, out, max_steps=50,
+                         save_steps=100, mappo_retriever_retries=1, mappo_retriever_timeout=5)
+        (tmp_path / "ddp.yaml").write_text(yaml.safe_dump(config))
+        env = {**os.environ, "FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2"}
+        proc = subprocess.Popen([sys.executable, "-m", "mmoa.cli", "train",
+                                 str(tmp_path / "ddp.yaml")], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        log = out / "trainer_log.jsonl"
+        deadline = time.monotonic() + 400
+        while not (log.is_file() and log.read_text().strip()) and proc.poll() is None:
+            assert time.monotonic() < deadline, "step 1 never finished"
+            time.sleep(0.5)
+        server.stop()
+        stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode != 0, stdout[-2000:]
+    # The server stops a few seconds after step 1: the run fails at whichever step came next.
+    found = re.search(r"retrieval failed at step (\d+) .*the last completed step \((\d+)\)",
+                      stderr)
+    assert found, stderr[-3000:]
+    failed, saved = int(found.group(1)), int(found.group(2))
+    assert failed == saved + 1 and saved >= 1
+    checkpoint = out / f"checkpoint-{saved}"
+    for name in ("model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"):
+        assert (checkpoint / name).is_file(), name

@@ -306,20 +306,26 @@ class MappoTrainer(Trainer):
 
         records = self.step_records(step)
         t0 = time.perf_counter()
+        failure: Exception | None = None
         try:
             # Mixed precision (bf16: true) covers the rollout too; accelerate only wraps the
             # prepared model's forward, while generation runs on the unwrapped policy.
             with self.accelerator.autocast():
                 traces, timings = self.rollout(records)
         except (RetrieverUnavailableError, RetrieverRequestError) as err:
+            failure = err
+        # Decided together: a process that stopped alone would leave the others waiting in
+        # the next collective (the update's gradient reduction, the checkpoint's barriers).
+        if self._any_process(failure is not None):
             if self.state.global_step > 0:
                 self.save_mappo_checkpoint(learner)
+            cause = failure if failure is not None else "on another process"
             raise TrainingStopped(
-                f"retrieval failed at step {step + 1} after all retries ({err}); the last "
+                f"retrieval failed at step {step + 1} after all retries ({cause}); the last "
                 f"completed step ({self.state.global_step}) is saved in "
                 f"{self.args.output_dir}. Restart the server and resume with "
                 f"resume_from_checkpoint."
-            ) from err
+            ) from failure
         t1 = time.perf_counter()
         samples, logs = self.make_samples(records, traces)
         with self.accelerator.autocast():
@@ -363,6 +369,13 @@ class MappoTrainer(Trainer):
         })
         logs = self._mean_over_processes(logs)
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in logs.items()}
+
+    def _any_process(self, flag: bool) -> bool:
+        """True on every process when ``flag`` is true on at least one."""
+        if self.args.world_size <= 1:
+            return flag
+        value = torch.tensor([float(flag)], device=self.accelerator.device)
+        return bool(self.accelerator.reduce(value, reduction="sum").item() > 0)
 
     def _mean_over_processes(self, logs: dict[str, float]) -> dict[str, float]:
         """Every process rolled out its own questions: log the mean over all of them."""
