@@ -3,8 +3,13 @@ per step, short generations, checkpoints every step."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 
 def tiny_mappo_config(model: Path, data: Path, url: str, output: Path,
@@ -24,3 +29,24 @@ def tiny_mappo_config(model: Path, data: Path, url: str, output: Path,
     }
     config.update(extra)
     return config
+
+
+def start_two_processes(config: dict[str, Any], yaml_path: Path) -> subprocess.Popen[str]:
+    """``mmoa-cli train`` of ``config`` (written to ``yaml_path``) with ``FORCE_TORCHRUN=1`` and
+    two processes (gloo on CPU); stdout and stderr are piped."""
+    yaml_path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2"}
+    return subprocess.Popen([sys.executable, "-m", "mmoa.cli", "train", str(yaml_path)],
+                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def run_two_processes(config: dict[str, Any], yaml_path: Path,
+                      timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """:func:`start_two_processes` to the end; ``returncode``, ``stdout`` and ``stderr``."""
+    proc = start_two_processes(config, yaml_path)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)

@@ -9,15 +9,11 @@ gradient accumulation, boundaries, the reference model, gathering for generation
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.mappo_fixtures import tiny_mappo_config
+from tests.mappo_fixtures import run_two_processes, tiny_mappo_config
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (MMOA_DEEPSPEED=0)")
 
@@ -39,12 +35,7 @@ def launch(tiny_model_dir: Path, tiny_mappo_data_dir: Path, tiny_server_url: str
         if deepspeed:
             config["deepspeed"] = str(DS_CONFIGS / deepspeed)
         config.update(extra)
-        path = root / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(config))
-        env = {**os.environ, "FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2"}
-        result = subprocess.run([sys.executable, "-m", "mmoa.cli", "train", str(path)],
-                                env=env, capture_output=True, text=True, timeout=600,
-                                check=False)
+        result = run_two_processes(config, root / f"{name}.yaml")
         assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
         return out
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from mmoa.train.mappo.workflow import run_mappo, run_mappo_from_config
+from tests.mappo_fixtures import run_two_processes, start_two_processes
 from tests.mappo_fixtures import tiny_mappo_config as _config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,20 +92,10 @@ def test_two_processes_under_torchrun(tiny_model_dir: Path, tiny_mappo_data_dir:
                                       tiny_server_url: str, tmp_path: Path) -> None:
     """FORCE_TORCHRUN=1 runs one process per rank (gloo on CPU); DDP keeps the weights equal
     and the logged metrics are the mean over both ranks' questions."""
-    import os
-    import subprocess
-    import sys
-
-    import yaml
-
     out = tmp_path / "ddp"
     config = _config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out, max_steps=1,
                      save_steps=1)
-    (tmp_path / "ddp.yaml").write_text(yaml.safe_dump(config))
-    env = {**os.environ, "FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2"}
-    result = subprocess.run([sys.executable, "-m", "mmoa.cli", "train",
-                             str(tmp_path / "ddp.yaml")], env=env, capture_output=True,
-                            text=True, timeout=600, check=False)
+    result = run_two_processes(config, tmp_path / "ddp.yaml")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "launching 2 MAPPO processes" in result.stdout
     assert (out / "checkpoint-1" / "model.safetensors").is_file()
@@ -148,13 +139,8 @@ def test_two_processes_stop_together_when_the_retriever_dies(tiny_model_dir: Pat
                                                              tmp_path: Path) -> None:
     """Under torchrun both processes see the failure, save one checkpoint together (each its
     own RNG state) and exit; none is left waiting for the other."""
-    import os
     import re
-    import subprocess
-    import sys
     import time
-
-    import yaml
 
     from tests.retrieval_fixtures import running_server
 
@@ -163,11 +149,7 @@ def test_two_processes_stop_together_when_the_retriever_dies(tiny_model_dir: Pat
                         log_path=tmp_path / "server.log") as server:
         config = _config(tiny_model_dir, tiny_mappo_data_dir, server.url, out, max_steps=50,
                          save_steps=100, mappo_retriever_retries=1, mappo_retriever_timeout=5)
-        (tmp_path / "ddp.yaml").write_text(yaml.safe_dump(config))
-        env = {**os.environ, "FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2"}
-        proc = subprocess.Popen([sys.executable, "-m", "mmoa.cli", "train",
-                                 str(tmp_path / "ddp.yaml")], env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = start_two_processes(config, tmp_path / "ddp.yaml")
         log = out / "trainer_log.jsonl"
         deadline = time.monotonic() + 400
         while not (log.is_file() and log.read_text().strip()) and proc.poll() is None:

@@ -174,7 +174,6 @@ class PPOLearner:
         unwrap: Callable[[nn.Module], PolicyWithValue] | None = None,
         backward: Callable[..., None] | None = None,
         clip_grad: Callable[[Any, float], Any] | None = None,
-        accumulate: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         generator: torch.Generator | None = None,
         engine_steps: bool = False,
     ) -> None:
@@ -185,7 +184,6 @@ class PPOLearner:
         self.unwrap = unwrap or (lambda m: m)  # type: ignore[assignment,return-value]
         self.backward = backward or (lambda loss: loss.backward())
         self.clip_grad = clip_grad or torch.nn.utils.clip_grad_norm_
-        self.accumulate = accumulate
         self.generator = generator
         self.engine_steps = engine_steps
         if config.adaptive_kl:
@@ -260,9 +258,7 @@ class PPOLearner:
                     if not torch.isfinite(loss):
                         finite = False
                         break
-                    context = self.accumulate() if self.accumulate else contextlib.nullcontext()
-                    with context:
-                        self.backward(loss)
+                    self.backward(loss)
                     for key, value in step_stats.items():
                         stats[key].append(value)
                 if not finite:

@@ -153,8 +153,7 @@ class MappoTrainer(Trainer):
         # gathered full weights (trl's helper), as in trl's own online trainers.
         from trl.models.utils import unwrap_model_for_generation
 
-        wrapped = self.model_wrapped if self.model_wrapped is not None else self.model
-        with unwrap_model_for_generation(wrapped, self.accelerator) as unwrapped:
+        with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as unwrapped:
             return self._rollout(unwrapped.policy, records)
 
     def _rollout(self, policy: Any, records: Sequence[QARecord]
