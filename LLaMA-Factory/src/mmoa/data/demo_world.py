@@ -523,6 +523,7 @@ class _Question:
     keys: list[str]  # entity keys of the supporting passages
     decomposition: list[str]
     type: str
+    template: str = ""  # which yes/no question template made it (balanced per template)
 
 
 class _QuestionMaker:
@@ -651,17 +652,19 @@ class _QuestionMaker:
                 f"Were {a.name} and {b.name} born in the same city?",
                 ["yes" if a.city == b.city else "no"],
                 [a.key, b.key], [f"Where was {a.name} born?", f"Where was {b.name} born?"],
-                "yes_no"))
+                "yes_no", "same_city"))
         for a, b in self._pairs_with_matches(pool["city"], lambda c: c.country, limit):
             out.append(_Question(
                 f"Are {a.name} and {b.name} in the same country?",
                 ["yes" if a.country == b.country else "no"], [a.key, b.key],
-                [f"Which country is {a.name} in?", f"Which country is {b.name} in?"], "yes_no"))
+                [f"Which country is {a.name} in?", f"Which country is {b.name} in?"], "yes_no",
+                "same_country"))
         for a, b in self._pairs_with_matches(pool["film"], lambda f: f.director, limit):
             out.append(_Question(
                 f"Were {a.title} and {b.title} directed by the same person?",
                 ["yes" if a.director == b.director else "no"], [a.key, b.key],
-                [f"Who directed {a.title}?", f"Who directed {b.title}?"], "yes_no"))
+                [f"Who directed {a.title}?", f"Who directed {b.title}?"], "yes_no",
+                "same_director"))
         directors = [p for p in self.b.people if p.films]
         for f in pool["film"]:
             others = [p for p in directors if p.name != f.director]
@@ -671,7 +674,7 @@ class _QuestionMaker:
             for candidate, answer in candidates:
                 out.append(_Question(
                     f"Did {candidate.name} direct {f.title}?", [answer], [f.key],
-                    [f"Who directed {f.title}?"], "yes_no"))
+                    [f"Who directed {f.title}?"], "yes_no", "did_direct"))
         return out
 
     def _pairs_with_matches(
@@ -710,15 +713,25 @@ class _QuestionMaker:
 
 
 def _balance_yes_no(questions: list[_Question], rng: random.Random) -> list[_Question]:
-    """Keeps equal numbers of yes and no answers (pairs are mostly 'no' by chance)."""
-    yes = [q for q in questions if q.answers == ["yes"]]
-    no = [q for q in questions if q.answers == ["no"]]
-    rng.shuffle(yes)
-    rng.shuffle(no)
-    n = min(len(yes), len(no))
-    balanced = yes[:n] + no[:n]
-    rng.shuffle(balanced)
-    return balanced
+    """Yes/no pairs: equal numbers of yes and no answers within every question template.
+
+    Balancing all yes/no questions together is not enough: random pairs are mostly "no" and "Did
+    D direct F?" is asked truthfully for every film, so a model would answer "no" to same-X
+    questions and "yes" to "Did ...?" from the wording alone, without reading. The list is a
+    shuffled sequence of (yes, no) pairs of one template each, so any even-length prefix of it is
+    balanced too.
+    """
+    by_template: dict[str, dict[str, list[_Question]]] = {}
+    for q in questions:
+        by_template.setdefault(q.template, {"yes": [], "no": []})[q.answers[0]].append(q)
+    pairs: list[tuple[_Question, _Question]] = []
+    for template in sorted(by_template):
+        yes, no = by_template[template]["yes"], by_template[template]["no"]
+        rng.shuffle(yes)
+        rng.shuffle(no)
+        pairs.extend(zip(yes, no, strict=False))  # the surplus of one answer is left out
+    rng.shuffle(pairs)
+    return [q for pair in pairs for q in pair]
 
 
 def _split_pools(builder: _Builder, sizes: dict[str, int],
@@ -805,7 +818,8 @@ def generate_demo_world(config: DemoWorldConfig | None = None) -> DemoWorld:
                     f"{qtype} questions for the {split} split, but {targets[qtype]} are needed "
                     f"for n_{split}={n}; ask for fewer questions or more passages"
                 )
-            q_rng.shuffle(unique)
+            if qtype != "yes_no":  # yes/no come in balanced pairs already shuffled
+                q_rng.shuffle(unique)
             picked = unique[: targets[qtype]]
             seen_questions.update(q.question for q in picked)
             chosen.extend(picked)
