@@ -93,6 +93,20 @@ def test_processor_masks_everything_but_the_grammar(tiny) -> None:
     assert len(vocabulary - set(after_comma)) > 0.99 * len(vocabulary)
 
 
+def test_processor_remembers_the_allowed_tokens_per_text_and_per_k(tiny) -> None:
+    """The per-text memory must give what a fresh check of the grammar gives, for each K."""
+    _, tokenizer, renderer = tiny
+    five = SelectorLogitsProcessor(tokenizer, 5, 0, renderer.stop_token_ids)
+    twelve = SelectorLogitsProcessor(tokenizer, 12, 0, renderer.stop_token_ids)
+    texts = ["", "Doc", "Document", "Document1", "Document1,", "Document1,Document4", "Document1"]
+    for text in texts:
+        for processor in (five, twelve):
+            assert processor.allowed_tokens(text) == processor._check_candidates(text), text
+    digits = {tokenizer.decode([t]) for t in five.allowed_tokens("Document1,Document")}
+    assert "1" not in digits and "4" in digits  # no repeated id
+    assert set(twelve.allowed_tokens("Document1")) != set(five.allowed_tokens("Document1"))
+
+
 def test_rendered_prompts_contain_the_text_and_end_with_the_assistant_header(tiny) -> None:
     _, tokenizer, renderer = tiny
     for prompt in (

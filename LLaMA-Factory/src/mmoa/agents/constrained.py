@@ -112,8 +112,19 @@ class SelectorLogitsProcessor(LogitsProcessor):
         self.stop_token_ids = list(stop_token_ids)
         self._stop_set = set(self.stop_token_ids)
         self.candidates = _candidate_tokens(tokenizer)
+        # Rows of a batch, and the same row at later steps of other batches, keep reaching the
+        # same few texts ("", "Document", "Document0,", ...): each is checked against the
+        # candidate tokens once per processor, not once per row and step.
+        self._allowed_by_text: dict[str, list[int]] = {}
 
     def allowed_tokens(self, generated_text: str) -> list[int]:
+        """Token ids that keep ``generated_text`` a valid selection prefix (stop ids if complete)."""
+        cached = self._allowed_by_text.get(generated_text)
+        if cached is None:
+            cached = self._allowed_by_text[generated_text] = self._check_candidates(generated_text)
+        return cached
+
+    def _check_candidates(self, generated_text: str) -> list[int]:
         allowed = [
             token_id for token_id, piece in self.candidates
             if is_valid_prefix(generated_text + piece, self.k)
