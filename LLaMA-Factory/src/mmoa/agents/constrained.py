@@ -118,7 +118,7 @@ class SelectorLogitsProcessor(LogitsProcessor):
         self._allowed_by_text: dict[str, list[int]] = {}
 
     def allowed_tokens(self, generated_text: str) -> list[int]:
-        """Token ids that keep ``generated_text`` a valid selection prefix (stop ids if complete)."""
+        """Token ids that keep ``generated_text`` a valid selection prefix (+ stop ids if done)."""
         cached = self._allowed_by_text.get(generated_text)
         if cached is None:
             cached = self._allowed_by_text[generated_text] = self._check_candidates(generated_text)
