@@ -49,6 +49,19 @@ def test_drills_repeat_what_came_before(tiny_world: DemoWorld) -> None:
         "Names: Ada Li, Bo Ek.\nThe same names again: Ada Li, Bo Ek.")
 
 
+def test_fresh_copy_names_are_not_the_worlds_titles(tiny_world: DemoWorld) -> None:
+    texts = build_pretrain_texts(seeds=(5,), n_passages=200, fresh_copy_names=True)
+    drills = [t["text"] for t in texts if text_kind(t["text"]) == "copy"]
+    world_titles = {t["text"].split("\n", 1)[0] for t in texts if text_kind(t["text"]) == "passage"}
+    listed = [d.split("\n")[0].removeprefix("Names: ").removesuffix(".").split(", ")
+              for d in drills]
+    assert drills and all(len(names) == 8 == len(set(names)) for names in listed)
+    every_name = [name for names in listed for name in names]
+    assert not set(every_name) & world_titles
+    assert len(set(every_name)) > 0.9 * len(every_name)  # drawn afresh, hardly ever repeated
+    assert texts == build_pretrain_texts(seeds=(5,), n_passages=200, fresh_copy_names=True)
+
+
 def test_registration_keeps_foreign_entries(tmp_path: Path) -> None:
     atomic_write_json(tmp_path / "dataset_info.json", {"mine": {"file_name": "mine.json"}})
     path = write_pretrain_dataset([{"text": "A\nB."}], tmp_path, "pt_text")

@@ -233,6 +233,33 @@ class _Names:
 # ---------------------------------------------------------------------------------------------
 
 
+def fresh_names(rng: random.Random, n: int) -> list[str]:
+    """``n`` distinct names in the style of a world's people, cities, countries and films, drawn
+    afresh from ``rng`` rather than taken from a world.
+
+    For copy drills a model cannot have memorised: only reading the earlier occurrence predicts
+    the repeated name (a world's own titles recur across drills, and a model learns to complete
+    them from memory instead).
+    """
+    names = _Names(rng)
+    out = []
+    for _ in range(n):
+        kind = rng.random()
+        if kind < 0.4:
+            out.append(names.unique(
+                lambda: f"{names.first_name()} {names._stem(rng.randint(1, 3))}"))
+        elif kind < 0.6:
+            out.append(names.word((1, 2), _CITY_ENDINGS))
+        elif kind < 0.7:
+            out.append(names.word((1, 1), _COUNTRY_ENDINGS))
+        else:
+            out.append(names.unique(
+                lambda: f"The {rng.choice(_TITLE_ADJ)} {rng.choice(_TITLE_NOUN)} of "
+                f"{names._stem(rng.randint(1, 2))}"
+                if rng.random() < 0.5 else f"{rng.choice(_TITLE_ADJ)} {names._stem(2)}"))
+    return out
+
+
 def _kind_counts(n_entity_passages: int) -> dict[str, int]:
     counts = {kind: max(1, int(n_entity_passages * share)) for kind, share in KIND_MIX.items()}
     counts["person"] += n_entity_passages - sum(counts.values())

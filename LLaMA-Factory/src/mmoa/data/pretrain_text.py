@@ -25,6 +25,11 @@ such records are added, both built from the other worlds:
   sub-questions and its answer, as on a reading-comprehension page;
 * copy drills: a list of names, then the same list again, the pattern from which small
   transformers learn "induction" (find the earlier occurrence, copy what followed it).
+
+By default a copy drill lists titles of the other worlds. Those recur from drill to drill, and a
+tiny model learns to complete them from memory rather than to copy: with ``fresh_copy_names`` the
+names are drawn afresh for every drill (:func:`mmoa.data.demo_world.fresh_names`), so only
+copying predicts the repeat.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from mmoa.agents.candidates import doc_text
-from mmoa.data.demo_world import DemoWorldConfig, generate_demo_world
+from mmoa.data.demo_world import DemoWorldConfig, fresh_names, generate_demo_world
 from mmoa.data.registry import register_datasets
 from mmoa.fileio import atomic_write_jsonl, iter_jsonl
 
@@ -75,11 +80,13 @@ def build_pretrain_texts(
     shuffle_seed: int = 0,
     drills: bool = True,
     copy_drills_per_passage: int = 1,
+    fresh_copy_names: bool = False,
 ) -> list[dict[str, str]]:
     """``{"text": ...}`` records from one demo world per seed, without the excluded titles.
 
     With ``drills``, each world also gives one reading drill per question (as many questions as
-    passages) and one copy drill per passage.
+    passages) and ``copy_drills_per_passage`` copy drills per passage, of the world's titles or,
+    with ``fresh_copy_names``, of names drawn afresh for each drill.
     """
     excluded = set(exclude_titles)
     rng = random.Random(shuffle_seed)
@@ -103,7 +110,9 @@ def build_pretrain_texts(
             texts.append({"text": reading_drill(question, passages)})
         titles = [p["title"] for p in kept]
         for _ in range(len(kept) * copy_drills_per_passage):
-            texts.append({"text": copy_drill(rng.sample(titles, min(len(titles), 8)))})
+            names = (fresh_names(rng, 8) if fresh_copy_names
+                     else rng.sample(titles, min(len(titles), 8)))
+            texts.append({"text": copy_drill(names)})
     rng.shuffle(texts)
     return texts
 
@@ -140,6 +149,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         help="plain passages only (no reading or copy drills)")
     parser.add_argument("--copy-drills", type=int, default=1, metavar="N",
                         help="copy drills per passage (default 1)")
+    parser.add_argument("--fresh-copy-names", action="store_true",
+                        help="copy drills list names drawn afresh for every drill instead of "
+                        "the worlds' titles (nothing to memorise: only copying predicts them)")
     parser.add_argument("--exclude-corpus", help="corpus.jsonl of the evaluation world: its "
                         "titles are left out of the pre-training text")
     return parser
@@ -152,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
         excluded = {row["title"] for _, row in iter_jsonl(args.exclude_corpus)}
     texts = build_pretrain_texts(args.seeds, args.n_passages, excluded,
                                  drills=not args.no_drills,
-                                 copy_drills_per_passage=args.copy_drills)
+                                 copy_drills_per_passage=args.copy_drills,
+                                 fresh_copy_names=args.fresh_copy_names)
     path = write_pretrain_dataset(texts, args.dataset_dir, args.name)
     kinds = Counter(text_kind(t["text"]) for t in texts)
     print(f"pre-training text from worlds {args.seeds}: {len(texts)} records "
