@@ -234,12 +234,15 @@ class _Names:
 
 
 def fresh_names(rng: random.Random, n: int) -> list[str]:
-    """``n`` distinct names in the style of a world's people, cities, countries and films, drawn
-    afresh from ``rng`` rather than taken from a world.
+    """``n`` distinct names like a world's people, cities, countries and films, drawn afresh
+    from ``rng`` rather than taken from a world.
 
     For copy drills a model cannot have memorised: only reading the earlier occurrence predicts
     the repeated name (a world's own titles recur across drills, and a model learns to complete
-    them from memory instead).
+    them from memory instead). They use the world's syllables, endings and title words, but in
+    freer combinations than :class:`_Builder` makes (surnames of 1-3 syllables, cities of 1-2,
+    film titles with an invented word): a world's "The <adjective> <noun>" titles come from a
+    few hundred combinations and would recur across drills again.
     """
     names = _Names(rng)
     out = []
