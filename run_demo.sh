@@ -90,7 +90,7 @@ python data_builders/make_demo_world.py --out "$DEMO_DIR" --seed "$SEED" "${WORL
 stage 3 "tiny model -> $MODEL_DIR (tokenizer trained on the pre-training text, random init)"
 # Three copy drills per passage, of names drawn afresh for every drill: the pre-training from which
 # the tiny model learns to copy names out of its context (the Query Rewriter and the Generator need
-# it; see "Why a pre-training" in the README).
+# it; see "The tiny model" in the README).
 python data_builders/make_pretrain_text.py --exclude-corpus "$DEMO_DIR/corpus.jsonl" \
   --dataset-dir "$DATA_DIR" --copy-drills 3 --fresh-copy-names "${PT_WORLDS[@]}"
 python models/make_tiny_model.py --output-dir "$MODEL_DIR" --seed "$SEED" \

@@ -49,7 +49,7 @@ def test_drills_repeat_what_came_before(tiny_world: DemoWorld) -> None:
         "Names: Ada Li, Bo Ek.\nThe same names again: Ada Li, Bo Ek.")
 
 
-def test_fresh_copy_names_are_not_the_worlds_titles(tiny_world: DemoWorld) -> None:
+def test_fresh_copy_names_are_not_the_worlds_titles() -> None:
     texts = build_pretrain_texts(seeds=(5,), n_passages=200, fresh_copy_names=True)
     drills = [t["text"] for t in texts if text_kind(t["text"]) == "copy"]
     world_titles = {t["text"].split("\n", 1)[0] for t in texts if text_kind(t["text"]) == "passage"}
