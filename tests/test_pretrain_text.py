@@ -62,6 +62,28 @@ def test_fresh_copy_names_are_not_the_worlds_titles() -> None:
     assert texts == build_pretrain_texts(seeds=(5,), n_passages=200, fresh_copy_names=True)
 
 
+def test_fresh_reading_drills_use_passages_found_nowhere_else(tiny_world: DemoWorld) -> None:
+    excluded = {p["title"] for p in tiny_world.corpus}
+    texts = build_pretrain_texts(seeds=(5,), n_passages=200, exclude_titles=excluded,
+                                 fresh_reading_drills=300)
+    plain = build_pretrain_texts(seeds=(5,), n_passages=200, exclude_titles=excluded)
+    reading = [t["text"] for t in texts if text_kind(t["text"]) == "reading"]
+    fresh = [t for t in reading if t not in {p["text"] for p in plain}]
+    assert len(fresh) == 300 == len(texts) - len(plain)  # more than one single-use world
+    passages = [doc for t in fresh for doc in t.split("\n\nQuestion: ")[0].split("\n\n")]
+    titles = [doc.split("\n", 1)[0] for doc in passages]
+    assert len(set(passages)) == len(passages)  # each passage in one drill only
+    assert not set(titles) & excluded
+    other_text = "\n".join(t["text"] for t in plain)
+    assert not any(doc in other_text for doc in passages)
+    for drill in fresh:  # the answer is written in the drill's passages: reading finds it
+        documents, tail = drill.split("\n\nQuestion: ")
+        answer = tail.rsplit("\nAnswer: ", 1)[1]
+        assert answer in documents or answer in ("yes", "no")
+    assert texts == build_pretrain_texts(seeds=(5,), n_passages=200, exclude_titles=excluded,
+                                         fresh_reading_drills=300)
+
+
 def test_registration_keeps_foreign_entries(tmp_path: Path) -> None:
     atomic_write_json(tmp_path / "dataset_info.json", {"mine": {"file_name": "mine.json"}})
     path = write_pretrain_dataset([{"text": "A\nB."}], tmp_path, "pt_text")

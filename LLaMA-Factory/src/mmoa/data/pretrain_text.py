@@ -29,7 +29,10 @@ such records are added, both built from the other worlds:
 By default a copy drill lists titles of the other worlds. Those recur from drill to drill, and a
 tiny model learns to complete them from memory rather than to copy: with ``fresh_copy_names`` the
 names are drawn afresh for every drill (:func:`mmoa.data.demo_world.fresh_names`), so only
-copying predicts the repeat.
+copying predicts the repeat. Reading drills have the same weakness: their passages are also in the
+text as plain passages and recur from drill to drill, so their answers can be memorised. With
+``fresh_reading_drills`` more reading drills come from small worlds of their own (seeds no other
+text uses), whose passages appear in that one drill and nowhere else: only reading answers them.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ from mmoa.fileio import atomic_write_jsonl, iter_jsonl
 
 #: Seeds of the pre-training worlds; the demo world itself uses 42 by default.
 DEFAULT_SEEDS = (1001, 1002, 1003)
+#: Seeds of the single-use worlds of fresh reading drills start here (one world per 200 drills).
+FRESH_READING_SEED = 500_000
+FRESH_READING_WORLD = 200
 
 
 def reading_drill(question: dict[str, Any], passages: Sequence[dict[str, str]]) -> str:
@@ -81,12 +87,14 @@ def build_pretrain_texts(
     drills: bool = True,
     copy_drills_per_passage: int = 1,
     fresh_copy_names: bool = False,
+    fresh_reading_drills: int = 0,
 ) -> list[dict[str, str]]:
     """``{"text": ...}`` records from one demo world per seed, without the excluded titles.
 
     With ``drills``, each world also gives one reading drill per question (as many questions as
     passages) and ``copy_drills_per_passage`` copy drills per passage, of the world's titles or,
-    with ``fresh_copy_names``, of names drawn afresh for each drill.
+    with ``fresh_copy_names``, of names drawn afresh for each drill. ``fresh_reading_drills``
+    adds that many reading drills whose passages appear nowhere else in the text.
     """
     excluded = set(exclude_titles)
     rng = random.Random(shuffle_seed)
@@ -113,7 +121,39 @@ def build_pretrain_texts(
             names = (fresh_names(rng, 8) if fresh_copy_names
                      else rng.sample(titles, min(len(titles), 8)))
             texts.append({"text": copy_drill(names)})
+    texts.extend(fresh_reading_texts(fresh_reading_drills, excluded, rng))
     rng.shuffle(texts)
+    return texts
+
+
+def fresh_reading_texts(count: int, exclude_titles: set[str],
+                        rng: random.Random) -> list[dict[str, str]]:
+    """``count`` reading drills from small single-use worlds: each drill's passages (its
+    supporting passages and one distractor of the same world) occur in no other record."""
+    texts: list[dict[str, str]] = []
+    seed = FRESH_READING_SEED
+    while len(texts) < count:
+        world = generate_demo_world(DemoWorldConfig(
+            n_passages=FRESH_READING_WORLD, n_train=FRESH_READING_WORLD, n_dev=0, n_test=0,
+            seed=seed))
+        seed += 1
+        by_id = {p["id"]: p for p in world.corpus if p["title"] not in exclude_titles}
+        used: set[str] = set()
+        for question in world.splits["train"]:
+            support_ids = question.get("supporting_ids") or []
+            if not support_ids or used.intersection(support_ids) or not all(
+                    i in by_id for i in support_ids):
+                continue
+            others = [i for i in by_id if i not in used and i not in support_ids]
+            if not others:
+                break
+            distractor = rng.choice(others)
+            used.update([*support_ids, distractor])
+            passages = [*(by_id[i] for i in support_ids), by_id[distractor]]
+            rng.shuffle(passages)
+            texts.append({"text": reading_drill(question, passages)})
+            if len(texts) == count:
+                break
     return texts
 
 
@@ -152,6 +192,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fresh-copy-names", action="store_true",
                         help="copy drills list names drawn afresh for every drill instead of "
                         "the worlds' titles (nothing to memorise: only copying predicts them)")
+    parser.add_argument("--fresh-reading-drills", type=int, default=0, metavar="N",
+                        help="add N reading drills from single-use worlds: their passages "
+                        "appear nowhere else, so only reading answers them (default 0)")
     parser.add_argument("--exclude-corpus", help="corpus.jsonl of the evaluation world: its "
                         "titles are left out of the pre-training text")
     return parser
@@ -165,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
     texts = build_pretrain_texts(args.seeds, args.n_passages, excluded,
                                  drills=not args.no_drills,
                                  copy_drills_per_passage=args.copy_drills,
-                                 fresh_copy_names=args.fresh_copy_names)
+                                 fresh_copy_names=args.fresh_copy_names,
+                                 fresh_reading_drills=args.fresh_reading_drills)
     path = write_pretrain_dataset(texts, args.dataset_dir, args.name)
     kinds = Counter(text_kind(t["text"]) for t in texts)
     print(f"pre-training text from worlds {args.seeds}: {len(texts)} records "
