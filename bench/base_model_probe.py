@@ -6,9 +6,11 @@ models side by side (the first is the baseline of the table):
 
 * **copy**: a list of 8 evaluation-world titles, then the same list again (the pre-training copy
   drill's format); the share of the repeated tokens the model predicts (teacher-forced argmax);
-* **reading**: each dev one-hop question as a pre-training reading drill (its supporting passage
-  and one random passage of the evaluation world, then the question and its sub-question,
-  ``Answer:``); the share answered exactly with greedy decoding.
+* **reading**: each dev one-hop question shown its supporting passage and one random passage of
+  the evaluation world, answered with greedy decoding (exact-match share), in two forms: as a
+  pre-training reading drill (plain text ending in ``Answer:``) and as the Generator's chat prompt
+  (:func:`mmoa.agents.prompts.generator_prompt` through the chat template), which is what the
+  pipeline asks of a warm-started model. A base model is not expected to answer the second.
 
 The evaluation world never appears in the pre-training text (its titles are excluded), so both
 probes measure copying and reading, not memory. Usage::
@@ -52,34 +54,61 @@ def copy_probe(model, tokenizer, titles: list[str], n_lists: int, seed: int) -> 
     return hit / total
 
 
-def reading_probe(model, tokenizer, questions: list[dict], corpus: dict[str, dict],
-                  seed: int) -> tuple[float, list[dict]]:
-    """Exact-match share of greedy answers to one-hop questions written as reading drills."""
+def _greedy_answer(model, prompt_ids: list[int], stop_ids: list[int], tokenizer) -> str:
+    """Greedy decoding of at most 16 tokens, cut to its first line and parsed as the Generator's
+    answer (``**answer**`` or plain)."""
     import torch
 
+    from mmoa.agents.parsers import parse_answer
+
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,
+                             do_sample=False, eos_token_id=stop_ids,
+                             pad_token_id=tokenizer.eos_token_id)
+    text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
+    return parse_answer(text.split("\n")[0]).answer
+
+
+def reading_probe(model, tokenizer, questions: list[dict], corpus: dict[str, dict],
+                  seed: int, template: str) -> dict:
+    """Exact-match shares of greedy answers to one-hop questions, each shown its supporting
+    passage and one random passage, in two forms: as a pre-training reading drill (plain text
+    ending in ``Answer:``) and as the Generator's chat prompt (what the pipeline asks)."""
+    from mmoa.agents.candidates import doc_text
+    from mmoa.agents.prompts import generator_prompt
+    from mmoa.agents.render import PromptRenderer
     from mmoa.data.pretrain_text import reading_drill
 
+    renderer = PromptRenderer(tokenizer, template)
+    # Pre-training ends every record with a special token (which one depends on the template's
+    # fix of the tokenizer): a drill's answer ends at any special token.
+    record_end = sorted({i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
+                        | set(tokenizer.all_special_ids))
     rng = random.Random(seed)
     ids = sorted(corpus)
-    correct = 0
+    correct = {"drill": 0, "generator": 0}
     examples = []
     for question in questions:
         passages = [corpus[question["supporting_ids"][0]], corpus[rng.choice(ids)]]
         rng.shuffle(passages)
         text = reading_drill(question, passages)
-        prompt = text[: text.rindex("\nAnswer: ") + len("\nAnswer:")]
-        encoded = tokenizer(prompt, return_tensors="pt")
-        with torch.no_grad():
-            out = model.generate(**encoded, max_new_tokens=12, do_sample=False,
-                                 pad_token_id=tokenizer.eos_token_id)
-        answer = tokenizer.decode(out[0, encoded.input_ids.shape[1]:],
-                                  skip_special_tokens=True).split("\n")[0].strip()
-        right = any(answer.lower() == gold.lower() for gold in question["answers"])
-        correct += right
+        drill_prompt = text[: text.rindex("\nAnswer: ") + len("\nAnswer:")]
+        chat_prompt = generator_prompt(question["question"], [doc_text(p) for p in passages])
+        answers = {
+            "drill": _greedy_answer(model, tokenizer(drill_prompt).input_ids,
+                                    record_end, tokenizer),
+            "generator": _greedy_answer(model, renderer.prompt_ids(chat_prompt),
+                                        renderer.stop_token_ids, tokenizer),
+        }
+        for form, answer in answers.items():
+            correct[form] += any(answer.lower() == g.lower() for g in question["answers"])
         if len(examples) < 5:
-            examples.append({"question": question["question"], "answer": answer,
-                             "gold": question["answers"][0]})
-    return correct / max(len(questions), 1), examples
+            examples.append({"question": question["question"], "gold": question["answers"][0],
+                             **answers})
+    n = max(len(questions), 1)
+    return {"reading_em": correct["drill"] / n, "generator_reading_em": correct["generator"] / n,
+            "reading_questions": len(questions), "reading_examples": examples}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -97,22 +126,24 @@ def run(args: argparse.Namespace) -> dict:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path).eval()
         copy = copy_probe(model, tokenizer, titles, args.copy_lists, args.seed)
-        reading, examples = reading_probe(model, tokenizer, questions, corpus, args.seed)
-        result["models"][path] = {"copy": copy, "reading_em": reading,
-                                  "reading_questions": len(questions),
-                                  "reading_examples": examples,
+        reading = reading_probe(model, tokenizer, questions, corpus, args.seed, args.template)
+        result["models"][path] = {"copy": copy, **reading,
                                   "seconds": time.perf_counter() - started}
     return result
 
 
+COLUMNS = (("copy", "copy %"), ("reading_em", "drill reading EM %"),
+           ("generator_reading_em", "Generator-prompt EM %"))
+
+
 def print_table(result: dict) -> None:
     rows = list(result["models"].items())
-    base_copy, base_read = rows[0][1]["copy"], rows[0][1]["reading_em"]
-    print(f"{'model':<48} {'copy %':>8} {'reading EM %':>13} {'vs first':>16}")
+    first = rows[0][1]
+    print(f"{'model':<44}" + "".join(f" {title:>22}" for _, title in COLUMNS))
     for path, m in rows:
-        delta = f"{100 * (m['copy'] - base_copy):+.1f} / {100 * (m['reading_em'] - base_read):+.1f}"
-        print(f"{path[-48:]:<48} {100 * m['copy']:>8.1f} {100 * m['reading_em']:>13.1f} "
-              f"{delta:>16}")
+        cells = [f"{100 * m[key]:.1f} ({100 * (m[key] - first[key]):+.1f})" for key, _ in COLUMNS]
+        print(f"{path[-44:]:<44}" + "".join(f" {cell:>22}" for cell in cells))
+    print("(in brackets: the difference to the first model)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--questions", default="data/demo/dev.jsonl")
     parser.add_argument("--copy-lists", type=int, default=60, help="copy-probe lists")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--template", default="llama3",
+                        help="LLaMA-Factory chat template of the Generator prompt")
     parser.add_argument("--json-out", help="also write the JSON here")
     args = parser.parse_args(argv)
     result = run(args)

@@ -29,9 +29,11 @@ def test_probe_measures_each_model(tiny_model_dir: Path, tiny_world_dir: Path,
     one_hop = [json.loads(line) for line in (tiny_world_dir / "dev.jsonl").open()]
     one_hop = [q for q in one_hop if q["type"] == "one_hop"]
     assert measured["reading_questions"] == len(one_hop) > 0
-    assert 0.0 <= measured["copy"] <= 1.0 and 0.0 <= measured["reading_em"] <= 1.0
+    assert all(0.0 <= measured[key] <= 1.0
+               for key in ("copy", "reading_em", "generator_reading_em"))
     # An untrained model neither copies a list of new names nor reads an answer.
-    assert measured["copy"] < 0.2 and measured["reading_em"] == 0.0
+    assert measured["copy"] < 0.2
+    assert measured["reading_em"] == 0.0 == measured["generator_reading_em"]
     assert [e["gold"] for e in measured["reading_examples"]] == [
         q["answers"][0] for q in one_hop[:len(measured["reading_examples"])]]
-    assert "reading EM %" in capsys.readouterr().out
+    assert "Generator-prompt EM %" in capsys.readouterr().out
