@@ -10,7 +10,9 @@ models side by side (the first is the baseline of the table):
   the evaluation world, answered with greedy decoding (exact-match share), in two forms: as a
   pre-training reading drill (plain text ending in ``Answer:``) and as the Generator's chat prompt
   (:func:`mmoa.agents.prompts.generator_prompt` through the chat template), which is what the
-  pipeline asks of a warm-started model. A base model is not expected to answer the second.
+  pipeline asks of a warm-started model; and, between the two, the Generator's user message as
+  plain text followed by ``Answer:`` (same documents and question, no chat turn). A base model is
+  not expected to answer in the chat form.
 
 The evaluation world never appears in the pre-training text (its titles are excluded), so both
 probes measure copying and reading, not memory. Usage::
@@ -87,7 +89,7 @@ def reading_probe(model, tokenizer, questions: list[dict], corpus: dict[str, dic
                         | set(tokenizer.all_special_ids))
     rng = random.Random(seed)
     ids = sorted(corpus)
-    correct = {"drill": 0, "generator": 0}
+    correct = {"drill": 0, "generator": 0, "generator_text": 0}
     examples = []
     for question in questions:
         passages = [corpus[question["supporting_ids"][0]], corpus[rng.choice(ids)]]
@@ -100,6 +102,10 @@ def reading_probe(model, tokenizer, questions: list[dict], corpus: dict[str, dic
                                     record_end, tokenizer),
             "generator": _greedy_answer(model, renderer.prompt_ids(chat_prompt),
                                         renderer.stop_token_ids, tokenizer),
+            # The Generator's user message as plain text, answered after "Answer:": the same
+            # documents and question outside the chat turn.
+            "generator_text": _greedy_answer(model, tokenizer(chat_prompt.user + "\nAnswer:")
+                                             .input_ids, record_end, tokenizer),
         }
         for form, answer in answers.items():
             correct[form] += any(answer.lower() == g.lower() for g in question["answers"])
@@ -108,6 +114,7 @@ def reading_probe(model, tokenizer, questions: list[dict], corpus: dict[str, dic
                              **answers})
     n = max(len(questions), 1)
     return {"reading_em": correct["drill"] / n, "generator_reading_em": correct["generator"] / n,
+            "generator_text_reading_em": correct["generator_text"] / n,
             "reading_questions": len(questions), "reading_examples": examples}
 
 
@@ -132,18 +139,19 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-COLUMNS = (("copy", "copy %"), ("reading_em", "drill reading EM %"),
-           ("generator_reading_em", "Generator-prompt EM %"))
+COLUMNS = (("copy", "copy %"), ("reading_em", "drill EM %"),
+           ("generator_text_reading_em", "G text EM %"), ("generator_reading_em", "G chat EM %"))
 
 
 def print_table(result: dict) -> None:
     rows = list(result["models"].items())
     first = rows[0][1]
-    print(f"{'model':<44}" + "".join(f" {title:>22}" for _, title in COLUMNS))
+    print(f"{'model':<40}" + "".join(f" {title:>15}" for _, title in COLUMNS))
     for path, m in rows:
         cells = [f"{100 * m[key]:.1f} ({100 * (m[key] - first[key]):+.1f})" for key, _ in COLUMNS]
-        print(f"{path[-44:]:<44}" + "".join(f" {cell:>22}" for cell in cells))
-    print("(in brackets: the difference to the first model)")
+        print(f"{path[-40:]:<40}" + "".join(f" {cell:>15}" for cell in cells))
+    print("(in brackets: the difference to the first model; G text: the Generator's user message "
+          "as plain text + 'Answer:'; G chat: the Generator's chat prompt)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,10 +30,12 @@ def test_probe_measures_each_model(tiny_model_dir: Path, tiny_world_dir: Path,
     one_hop = [q for q in one_hop if q["type"] == "one_hop"]
     assert measured["reading_questions"] == len(one_hop) > 0
     assert all(0.0 <= measured[key] <= 1.0
-               for key in ("copy", "reading_em", "generator_reading_em"))
+               for key in ("copy", "reading_em", "generator_reading_em",
+                           "generator_text_reading_em"))
     # An untrained model neither copies a list of new names nor reads an answer.
     assert measured["copy"] < 0.2
     assert measured["reading_em"] == 0.0 == measured["generator_reading_em"]
+    assert measured["generator_text_reading_em"] == 0.0
     assert [e["gold"] for e in measured["reading_examples"]] == [
         q["answers"][0] for q in one_hop[:len(measured["reading_examples"])]]
-    assert "Generator-prompt EM %" in capsys.readouterr().out
+    assert "G chat EM %" in capsys.readouterr().out
