@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 
-from mmoa.data.demo_world import DemoWorld
+from mmoa.data.demo_world import DemoWorld, DemoWorldConfig, generate_demo_world
 from mmoa.data.pretrain_text import (
+    FRESH_READING_SEED,
+    FRESH_READING_WORLD,
     build_pretrain_texts,
     copy_drill,
+    fresh_reading_texts,
     main,
     text_kind,
     write_pretrain_dataset,
@@ -82,6 +86,12 @@ def test_fresh_reading_drills_use_passages_found_nowhere_else(tiny_world: DemoWo
         assert answer in documents or answer in ("yes", "no")
     assert texts == build_pretrain_texts(seeds=(5,), n_passages=200, exclude_titles=excluded,
                                          fresh_reading_drills=300)
+    # A single-use world whose every title is excluded gives nothing: an error, not a hang.
+    first_world = generate_demo_world(DemoWorldConfig(
+        n_passages=FRESH_READING_WORLD, n_train=FRESH_READING_WORLD, n_dev=0, n_test=0,
+        seed=FRESH_READING_SEED))
+    with pytest.raises(ValueError, match="no reading drill"):
+        fresh_reading_texts(10, {p["title"] for p in first_world.corpus}, random.Random(0))
 
 
 def test_registration_keeps_foreign_entries(tmp_path: Path) -> None:

@@ -52,7 +52,8 @@ from mmoa.fileio import atomic_write_jsonl, iter_jsonl
 
 #: Seeds of the pre-training worlds; the demo world itself uses 42 by default.
 DEFAULT_SEEDS = (1001, 1002, 1003)
-#: Seeds of the single-use worlds of fresh reading drills start here (one world per 200 drills).
+#: Seeds of the single-use worlds of fresh reading drills start here, one world after another
+#: until there are enough drills (a world of 200 passages gives about 60: no passage is reused).
 FRESH_READING_SEED = 500_000
 FRESH_READING_WORLD = 200
 
@@ -139,6 +140,7 @@ def fresh_reading_texts(count: int, exclude_titles: set[str],
         seed += 1
         by_id = {p["id"]: p for p in world.corpus if p["title"] not in exclude_titles}
         used: set[str] = set()
+        before = len(texts)
         for question in world.splits["train"]:
             support_ids = question.get("supporting_ids") or []
             if not support_ids or used.intersection(support_ids) or not all(
@@ -154,6 +156,9 @@ def fresh_reading_texts(count: int, exclude_titles: set[str],
             texts.append({"text": reading_drill(question, passages)})
             if len(texts) == count:
                 break
+        if len(texts) == before:
+            raise ValueError(f"world {seed - 1} gave no reading drill: are all its titles "
+                             "excluded?")
     return texts
 
 
