@@ -36,7 +36,14 @@ def launch(tiny_model_dir: Path, tiny_mappo_data_dir: Path, tiny_server_url: str
             config["deepspeed"] = str(DS_CONFIGS / deepspeed)
         config.update(extra)
         result = run_two_processes(config, root / f"{name}.yaml")
-        assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-4000:])
+        if result.returncode != 0:
+            # Keep the whole output: pytest cuts a long assertion message short.
+            log = root / f"{name}.log"
+            log.write_text(f"{result.stdout}\n--- stderr ---\n{result.stderr}")
+            clues = [line for line in result.stderr.splitlines()
+                     if any(word in line for word in ("Error", "error", "Signal", "Abort"))]
+            pytest.fail(f"{name} run exited with {result.returncode}; whole output in {log}\n"
+                        + "\n".join(clues[-20:]))
         return out
 
     return run
