@@ -33,6 +33,8 @@ FIELD_HELP: dict[str, str] = {
     "num_key_value_heads": "K/V heads (grouped-query attention)",
     "seed": "seed of the random weight initialisation",
     "extra_text_weight": "how many times each extra text is counted for the tokenizer",
+    "pre_tokenizer": "split regex: 'llama3' (Llama-3's) or 'names' (a capitalised word never "
+    "takes the space before it, so a name has the same tokens wherever it stands)",
 }
 
 
