@@ -883,6 +883,29 @@ def generate_demo_world(config: DemoWorldConfig | None = None) -> DemoWorld:
     return DemoWorld(config=config, corpus=corpus, splits=splits, stats=stats)
 
 
+def passages_with_questions(config: DemoWorldConfig) -> list[tuple[dict[str, str], list[dict]]]:
+    """Every passage of the world described by ``config``, each with every one-hop question about
+    it (``{"question", "answers"}``; none for distractors), in corpus order.
+
+    The splits of :func:`generate_demo_world` ask a sample of these questions about disjoint
+    pools of entities; this asks them all, for texts that need many questions per passage (the
+    tiny model's reading sheets, :mod:`mmoa.data.pretrain_text`). The passages are those of
+    :func:`generate_demo_world` with the same ``config``.
+    """
+    world = generate_demo_world(config)
+    builder = _Builder(config)
+    keyed = builder.entity_passages() + builder.distractor_passages()
+    key_of = {(title, text): key for key, title, text in keyed}
+    maker = _QuestionMaker(builder, random.Random(config.seed * 7919 + 2))
+    everyone = {"person": builder.people, "film": builder.films, "company": builder.companies,
+                "city": builder.cities, "country": builder.countries}
+    by_key: dict[str, list[dict]] = {}
+    for q in maker.one_hop(everyone):
+        by_key.setdefault(q.keys[0], []).append(
+            {"question": q.question, "answers": list(dict.fromkeys(q.answers))})
+    return [(p, by_key.get(key_of[(p["title"], p["text"])], [])) for p in world.corpus]
+
+
 def _dedupe(questions: list[_Question], seen: set[str]) -> list[_Question]:
     out: dict[str, _Question] = {}
     for q in questions:
