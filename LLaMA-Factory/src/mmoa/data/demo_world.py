@@ -288,6 +288,12 @@ class _Builder:
         self.films: list[Film] = []
         self._make_entities(counts)
 
+    def entities_by_kind(self) -> dict[str, list[Any]]:
+        """Every entity of the world, by kind (``country``, ``city``, ``person``, ``company``,
+        ``film``)."""
+        return {"country": self.countries, "city": self.cities, "person": self.people,
+                "company": self.companies, "film": self.films}
+
     # -- entities ----------------------------------------------------------------------------
 
     def _make_entities(self, counts: dict[str, int]) -> None:
@@ -769,11 +775,7 @@ def _split_pools(builder: _Builder, sizes: dict[str, int],
     """Partitions every kind of entity among the splits in proportion to their question counts."""
     total = sum(sizes.values())
     pools: dict[str, dict[str, list[Any]]] = {s: {} for s in SPLITS}
-    kinds = {
-        "country": builder.countries, "city": builder.cities, "person": builder.people,
-        "company": builder.companies, "film": builder.films,
-    }
-    for kind, items in kinds.items():
+    for kind, items in builder.entities_by_kind().items():
         shuffled = list(items)
         rng.shuffle(shuffled)
         start = 0
@@ -802,13 +804,10 @@ def _type_targets(n: int) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------
 
 
-def generate_demo_world(config: DemoWorldConfig | None = None) -> DemoWorld:
-    """Builds the corpus and the question splits in memory (nothing is written).
-
-    Raises :class:`DemoWorldError` for invalid sizes, including asking for more questions of a
-    split than its pool of entities can make.
-    """
-    config = config or DemoWorldConfig()
+def _build_corpus(
+    config: DemoWorldConfig,
+) -> tuple[_Builder, list[dict[str, str]], dict[str, str]]:
+    """The world's entities, its corpus (shuffled, with ids) and each entity key's passage id."""
     config.validate()
     builder = _Builder(config)
     passages = builder.entity_passages() + builder.distractor_passages()
@@ -819,7 +818,17 @@ def generate_demo_world(config: DemoWorldConfig | None = None) -> DemoWorld:
         for i, (_, title, text) in enumerate(passages)
     ]
     key_to_id = {key: corpus[i]["id"] for i, (key, _, _) in enumerate(passages)}
+    return builder, corpus, key_to_id
 
+
+def generate_demo_world(config: DemoWorldConfig | None = None) -> DemoWorld:
+    """Builds the corpus and the question splits in memory (nothing is written).
+
+    Raises :class:`DemoWorldError` for invalid sizes, including asking for more questions of a
+    split than its pool of entities can make.
+    """
+    config = config or DemoWorldConfig()
+    builder, corpus, key_to_id = _build_corpus(config)
     sizes = config.split_sizes()
     q_rng = random.Random(config.seed * 7919 + 1)
     pools = _split_pools(builder, sizes, q_rng)
@@ -868,11 +877,7 @@ def generate_demo_world(config: DemoWorldConfig | None = None) -> DemoWorld:
     stats = {
         "passages": len(corpus),
         "distractor_passages": builder.n_distractors,
-        "entities": {
-            "country": len(builder.countries), "city": len(builder.cities),
-            "person": len(builder.people), "company": len(builder.companies),
-            "film": len(builder.films),
-        },
+        "entities": {kind: len(items) for kind, items in builder.entities_by_kind().items()},
         "questions": {s: len(v) for s, v in splits.items()},
         "question_types": {
             s: {t: sum(q["type"] == t for q in v) for t in QUESTION_TYPES}
@@ -892,18 +897,14 @@ def passages_with_questions(config: DemoWorldConfig) -> list[tuple[dict[str, str
     tiny model's reading sheets, :mod:`mmoa.data.pretrain_text`). The passages are those of
     :func:`generate_demo_world` with the same ``config``.
     """
-    world = generate_demo_world(config)
-    builder = _Builder(config)
-    keyed = builder.entity_passages() + builder.distractor_passages()
-    key_of = {(title, text): key for key, title, text in keyed}
+    builder, corpus, key_to_id = _build_corpus(config)
+    # Its own question stream (the splits draw theirs from ``seed * 7919 + 1``).
     maker = _QuestionMaker(builder, random.Random(config.seed * 7919 + 2))
-    everyone = {"person": builder.people, "film": builder.films, "company": builder.companies,
-                "city": builder.cities, "country": builder.countries}
-    by_key: dict[str, list[dict]] = {}
-    for q in maker.one_hop(everyone):
-        by_key.setdefault(q.keys[0], []).append(
+    by_id: dict[str, list[dict]] = {}
+    for q in maker.one_hop(builder.entities_by_kind()):
+        by_id.setdefault(key_to_id[q.keys[0]], []).append(
             {"question": q.question, "answers": list(dict.fromkeys(q.answers))})
-    return [(p, by_key.get(key_of[(p["title"], p["text"])], [])) for p in world.corpus]
+    return [(p, by_id.get(p["id"], [])) for p in corpus]
 
 
 def _dedupe(questions: list[_Question], seen: set[str]) -> list[_Question]:
