@@ -34,7 +34,7 @@ FIELD_HELP: dict[str, str] = {
     "seed": "seed of the random weight initialisation",
     "extra_text_weight": "how many times each extra text is counted for the tokenizer",
     "pre_tokenizer": "split regex: 'llama3' (Llama-3's) or 'names' (a capitalised word never "
-    "takes the space before it, so a name has the same tokens wherever it stands)",
+    "takes the character before it, so a name has the same tokens wherever it stands)",
 }
 
 
