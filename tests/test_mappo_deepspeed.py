@@ -23,14 +23,31 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def launch(tiny_model_dir: Path, tiny_mappo_data_dir: Path, tiny_server_url: str,
+def unbatched_server_url(tiny_index_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The retrieval server with micro-batching off: each request is encoded alone.
+
+    With micro-batching, the two processes' requests are merged into one encoder batch as they
+    happen to arrive, and a query's vector then depends on its batch companions at float-noise
+    level (about 1e-7), enough to reorder two nearly tied passages now and then: the runs compared
+    here would see different documents for reasons that have nothing to do with DeepSpeed.
+    """
+    from tests.retrieval_fixtures import running_server
+
+    log = tmp_path_factory.mktemp("unbatched_server") / "server.log"
+    with running_server(["--index", str(tiny_index_dir), "--no-micro-batching"],
+                        log_path=log) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def launch(tiny_model_dir: Path, tiny_mappo_data_dir: Path, unbatched_server_url: str,
            tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("ds_runs")
 
     def run(name: str, deepspeed: str | None, **extra) -> Path:
         out = root / name
         # two micro-batches per update: the engine's accumulation boundary is exercised
-        config = tiny_mappo_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out,
+        config = tiny_mappo_config(tiny_model_dir, tiny_mappo_data_dir, unbatched_server_url, out,
                                    plot_loss=False, gradient_accumulation_steps=2, max_steps=2)
         if deepspeed:
             config["deepspeed"] = str(DS_CONFIGS / deepspeed)
