@@ -10,8 +10,14 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from mmoa.train.mappo.args import MappoArguments, split_mappo_args
-from mmoa.train.mappo.learner import PolicyWithValue, PPOConfig, PPOLearner
-from mmoa.train.mappo.samples import Sample, collate
+from mmoa.train.mappo.learner import (
+    PolicyWithValue,
+    PPOConfig,
+    PPOLearner,
+    response_hidden_and_logits,
+)
+from mmoa.train.mappo.ppo_math import logprobs_from_logits
+from mmoa.train.mappo.samples import Sample, collate, gather_positions, length_groups
 from mmoa.train.mappo.value_head import ValueHead
 
 VOCAB, EOS = 16, 1
@@ -49,6 +55,45 @@ def test_collate_masks_exclude_prompt_and_padding() -> None:
     assert batch.positions[0].tolist() == [2, 3, 4]
     assert batch.positions[1, 0].item() == 1
     assert batch.response_ids.tolist() == [[8, 9, EOS], [3, 0, 0]]
+
+
+def test_length_groups_bound_the_padding_and_cover_every_row() -> None:
+    lengths = [300, 80, 90, 310, 200, 85, 420]
+    groups = length_groups(lengths, max_ratio=1.3)
+    assert groups == [([1, 5, 2], 90), ([4], 200), ([0, 3], 310), ([6], 420)]
+    assert sorted(row for rows, _ in groups for row in rows) == list(range(len(lengths)))
+    assert length_groups([5, 5, 5]) == [([0, 1, 2], 5)]
+    with pytest.raises(ValueError, match="max_ratio"):
+        length_groups([1], max_ratio=0.5)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_response_logits_equal_the_full_forward_sliced(lora: bool) -> None:
+    """Log-probs and hidden states from the LM head applied at the response positions only
+    (rows of very different lengths in separate passes) equal those of the whole forward."""
+    policy = _tiny_policy(seed=3).eval()
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        policy = get_peft_model(policy, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(param, std=0.1)
+    samples = [Sample("qr", [2, 5, 6], [7, 8, EOS], 1.0),
+               Sample("selector", [2, *range(3, 15), 4, 5, 6, 7, 8, 9, 10, 11], [9, EOS], 0.0),
+               Sample("generator", [2, 5, 6, 7], [3], 0.0)]
+    batch = collate(samples, pad_id=0)
+    with torch.no_grad():
+        hidden, logits = response_hidden_and_logits(policy, batch)
+        full = policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                      output_hidden_states=True, use_cache=False)
+    expected = logprobs_from_logits(gather_positions(full.logits, batch.positions).float(),
+                                    batch.response_ids)
+    mask = batch.response_mask.bool()
+    got = logprobs_from_logits(logits, batch.response_ids)
+    assert torch.allclose(got[mask], expected[mask], atol=1e-5)
+    expected_hidden = gather_positions(full.hidden_states[-1], batch.positions)
+    assert torch.allclose(hidden[mask], expected_hidden[mask], atol=1e-5)
 
 
 def test_kl_is_zero_when_policy_equals_reference() -> None:

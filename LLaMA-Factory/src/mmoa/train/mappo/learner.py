@@ -41,7 +41,14 @@ from mmoa.train.mappo.ppo_math import (
     token_rewards,
     value_loss,
 )
-from mmoa.train.mappo.samples import Sample, SampleBatch, collate, gather_positions, minibatches
+from mmoa.train.mappo.samples import (
+    Sample,
+    SampleBatch,
+    collate,
+    gather_positions,
+    length_groups,
+    minibatches,
+)
 from mmoa.train.mappo.value_head import ValueHead
 
 
@@ -84,11 +91,8 @@ class PolicyWithValue(nn.Module):
 
     def forward(self, batch: SampleBatch, with_entropy: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        out = self.policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                          output_hidden_states=True, use_cache=False)
-        logits = gather_positions(out.logits, batch.positions).float()
+        hidden, logits = response_hidden_and_logits(self.policy, batch)
         logprobs = logprobs_from_logits(logits, batch.response_ids)
-        hidden = gather_positions(out.hidden_states[-1], batch.positions)
         values = self.v_head(hidden).float()
         entropy = entropy_from_logits(logits) if with_entropy else None
         return logprobs, values, entropy
@@ -106,10 +110,65 @@ class PolicyWithValue(nn.Module):
                 "no reference policy: full fine-tuning needs a frozen reference model"
             )
         with context:
-            out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                        use_cache=False)
-        logits = gather_positions(out.logits, batch.positions).float()
+            _, logits = response_hidden_and_logits(model, batch)
         return logprobs_from_logits(logits, batch.response_ids)
+
+
+def _backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
+    """The decoder stack and the LM head of a causal LM (through a PEFT wrapper), or ``None``
+    where the model's own forward does more than ``lm_head(decoder(x))`` to its logits (final
+    soft-capping, logit scaling) and must be called whole."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    if any(getattr(config, name, None) for name in ("final_logit_softcapping", "logit_scale",
+                                                        "logits_scaling")):
+        return None
+    get_decoder = getattr(base, "get_decoder", None)
+    get_head = getattr(base, "get_output_embeddings", None)
+    if get_decoder is None or get_head is None:
+        return None
+    decoder, head = get_decoder(), get_head()
+    if decoder is None or decoder is base or head is None:
+        return None
+    return decoder, head
+
+
+def response_hidden_and_logits(model: nn.Module, batch: SampleBatch
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Last hidden states ``[B, T, H]`` and fp32 logits ``[B, T, V]`` at the positions that
+    predict the response tokens only.
+
+    The LM head is applied after gathering those positions: a 49k-token vocabulary projected over
+    every prompt position (as ``model(...).logits`` does) cost more than the rest of the scoring
+    and update on a CPU, and its gradient is zero there anyway. Same numbers as slicing the full
+    logits (a test compares them).
+    """
+    parts = _backbone_and_head(model)
+    if parts is None:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    output_hidden_states=True, use_cache=False)
+        return (gather_positions(out.hidden_states[-1], batch.positions),
+                gather_positions(out.logits, batch.positions).float())
+    decoder, head = parts
+    groups = length_groups(batch.attention_mask.sum(dim=1).tolist())
+    if len(groups) == 1:
+        out = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                      use_cache=False)
+        hidden = gather_positions(out.last_hidden_state, batch.positions)
+    else:
+        # Rows of very different lengths (a Query Rewriter prompt beside a Selector prompt with
+        # K documents) run in separate passes, each cut to its own longest row, instead of
+        # padding every row to the longest of the batch.
+        parts_out = []
+        for rows, width in groups:
+            index = torch.tensor(rows, device=batch.input_ids.device)
+            out = decoder(input_ids=batch.input_ids[index, :width],
+                          attention_mask=batch.attention_mask[index, :width], use_cache=False)
+            parts_out.append(gather_positions(out.last_hidden_state, batch.positions[index]))
+        order = torch.tensor([row for rows, _ in groups for row in rows],
+                             device=batch.input_ids.device)
+        hidden = torch.empty_like(torch.cat(parts_out)).index_copy(0, order, torch.cat(parts_out))
+    return hidden, head(hidden).float()
 
 
 @dataclass

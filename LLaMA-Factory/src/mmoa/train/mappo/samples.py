@@ -82,3 +82,28 @@ def minibatches(n: int, size: int, generator: torch.Generator | None = None,
     """Index lists covering ``range(n)`` in chunks of ``size`` (shuffled when asked)."""
     order = torch.randperm(n, generator=generator).tolist() if shuffle else list(range(n))
     return [order[i: i + size] for i in range(0, n, size)]
+
+
+def length_groups(lengths: Sequence[int], max_ratio: float = 1.3
+                  ) -> list[tuple[list[int], int]]:
+    """Rows grouped by length for padding-free-ish forward passes: ``[(rows, width), ...]``.
+
+    Rows are sorted by length and a new group starts when a row is more than ``max_ratio`` times
+    as long as the shortest row of the current group, so no row of a group is padded by more
+    than that factor; ``width`` is the group's longest row. Pooled agent samples fall into a few
+    groups (short Query Rewriter prompts, longer Generator and Selector prompts), and padding a
+    short prompt to a prompt with K documents wasted most of a mixed batch's compute.
+    """
+    if max_ratio < 1.0:
+        raise ValueError(f"max_ratio must be >= 1, got {max_ratio}")
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[tuple[list[int], int]] = []
+    rows: list[int] = []
+    for i in order:
+        if rows and lengths[i] > max_ratio * lengths[rows[0]]:
+            groups.append((rows, int(lengths[rows[-1]])))
+            rows = []
+        rows.append(i)
+    if rows:
+        groups.append((rows, int(lengths[rows[-1]])))
+    return groups
