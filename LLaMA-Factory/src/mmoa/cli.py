@@ -237,6 +237,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _add_eval_command(commands: argparse._SubParsersAction) -> None:
     from mmoa.agents.pipeline import MODES
     from mmoa.evaluation import EvalConfig
+    from mmoa.precision import PRECISION_CHOICES
 
     ev = commands.add_parser(
         "eval",
@@ -266,6 +267,9 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
     ev.add_argument("--batch_size", type=int, default=16)
     ev.add_argument("--max_samples", type=int)
     ev.add_argument("--normalizer", default="mmoa", choices=["mmoa", "squad"])
+    ev.add_argument("--precision", default="auto", choices=PRECISION_CHOICES,
+                    help="auto (default): bf16 autocast where the GPU or CPU computes bf16 "
+                         "natively, else fp32")
     for agent in ("qr", "selector", "generator"):
         default = EvalConfig.__dataclass_fields__[f"max_new_tokens_{agent}"].default
         ev.add_argument(f"--max_new_tokens_{agent}", type=int,

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from statistics import fmean
+from statistics import fmean, stdev
 from typing import Any
 
 from mmoa.agents.pipeline import MODE_AGENTS, MODES, GenerationSettings, RagPipeline, Trace
@@ -21,6 +22,7 @@ from mmoa.data.records import QARecord
 from mmoa.data.registry import load_dataset_records
 from mmoa.fileio import atomic_write_json, atomic_write_jsonl
 from mmoa.metrics import score_answer
+from mmoa.precision import PRECISION_CHOICES, autocast, resolve_precision
 
 PREDICTIONS_FILE = "predictions.jsonl"
 METRICS_FILE = "metrics.json"
@@ -48,10 +50,16 @@ class EvalConfig:
     max_new_tokens_qr: int = 100
     max_new_tokens_selector: int = 32
     max_new_tokens_generator: int = 100
+    #: ``auto`` (bf16 autocast where the hardware has bf16, see :mod:`mmoa.precision`), ``bf16``
+    #: or ``fp32``.
+    precision: str = "auto"
 
     def validate(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.precision not in PRECISION_CHOICES:
+            raise ValueError(f"precision must be one of {', '.join(PRECISION_CHOICES)}, "
+                             f"got {self.precision!r}")
         if (self.dataset is None) == (self.data_file is None):
             raise ValueError("give exactly one of --dataset (a registered name) or --data_file")
         for name in ("k", "batch_size"):
@@ -75,18 +83,43 @@ def _rouge_l(prediction: str, golds: Sequence[str]) -> float:
     return max(_rouge_scorer().score(g, prediction)["rougeL"].fmeasure for g in golds)
 
 
-def _support_recall(record: QARecord, trace: Trace, selected_only: bool) -> float | None:
-    """Share of the gold supporting passages among the candidates (or the selected ones)."""
+def _gold_and_found(record: QARecord, trace: Trace, selected_only: bool
+                    ) -> tuple[set[str], list[str]] | None:
+    """The gold supporting passages and the (candidate or selected) passages, as ids or titles;
+    ``None`` when the record names no supporting passage."""
     indices = trace.selected if selected_only else range(len(trace.candidates))
     if record.supporting_ids:
-        gold = set(record.supporting_ids)
-        found = {trace.candidates[i].id for i in indices}
-    elif record.supporting_titles:
-        gold = {t.strip().lower() for t in record.supporting_titles}
-        found = {trace.candidates[i].text.split("\n", 1)[0].strip().lower() for i in indices}
-    else:
+        return set(record.supporting_ids), [trace.candidates[i].id for i in indices]
+    if record.supporting_titles:
+        return ({t.strip().lower() for t in record.supporting_titles},
+                [trace.candidates[i].text.split("\n", 1)[0].strip().lower() for i in indices])
+    return None
+
+
+def _support_recall(record: QARecord, trace: Trace, selected_only: bool) -> float | None:
+    """Share of the gold supporting passages among the candidates (or the selected ones)."""
+    pair = _gold_and_found(record, trace, selected_only)
+    if pair is None:
         return None
-    return len(gold & found) / len(gold)
+    gold, found = pair
+    return len(gold & set(found)) / len(gold)
+
+
+def _support_precision(record: QARecord, trace: Trace) -> float | None:
+    """Share of the selected passages that are gold supporting passages (``None`` for an empty
+    selection or a record without supporting passages)."""
+    pair = _gold_and_found(record, trace, True)
+    if pair is None or not pair[1]:
+        return None
+    gold, found = pair
+    return sum(f in gold for f in found) / len(found)
+
+
+def standard_error(values: Sequence[float]) -> float | None:
+    """Standard error of the mean, ``stdev / sqrt(n)`` (``None`` for fewer than 2 values)."""
+    if len(values) < 2:
+        return None
+    return stdev(values) / math.sqrt(len(values))
 
 
 def score_trace(record: QARecord, trace: Trace, mode: str, normalizer: str) -> dict[str, Any]:
@@ -104,7 +137,8 @@ def score_trace(record: QARecord, trace: Trace, mode: str, normalizer: str) -> d
     if "selector" in agents and trace.selection_parse is not None:
         stats["selector"] = {"num_selected": len(trace.selected),
                              "well_formed": trace.selection_parse.well_formed,
-                             "support_recall": _support_recall(record, trace, True)}
+                             "support_recall": _support_recall(record, trace, True),
+                             "support_precision": _support_precision(record, trace)}
     if trace.answer_parse is not None:
         stats["generator"] = {"answer_words": trace.answer_parse.num_words,
                               "well_formed": trace.answer_parse.well_formed}
@@ -126,6 +160,8 @@ def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
         "mode": mode,
         "num_questions": len(rows),
         **{m: _mean([r["scores"][m] for r in rows]) for m in ("acc", "em", "f1", "rouge_l")},
+        **{f"{m}_se": standard_error([float(r["scores"][m]) for r in rows])
+           for m in ("acc", "em", "f1")},
         "agents": {},
     }
     agents = metrics["agents"]
@@ -138,7 +174,9 @@ def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
     if column("selector", "num_selected"):
         agents["selector"] = {"mean_selected": _mean(column("selector", "num_selected")),
                               "well_formed_rate": _mean(column("selector", "well_formed")),
-                              "support_recall": _mean(column("selector", "support_recall"))}
+                              "support_recall": _mean(column("selector", "support_recall")),
+                              "support_precision": _mean(column("selector",
+                                                                "support_precision"))}
     if column("generator", "answer_words"):
         agents["generator"] = {"mean_answer_words": _mean(column("generator", "answer_words")),
                                "well_formed_rate": _mean(column("generator", "well_formed"))}
@@ -171,13 +209,16 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
     })
     pipeline = RagPipeline(model, tokenizer, config.template, retriever, mode=config.mode,
                            k=config.k, settings=settings)
+    precision = resolve_precision(config.precision)
+    device_type = next(model.parameters()).device.type
     rows: list[dict[str, Any]] = []
     timings = {"qr": 0.0, "retrieve": 0.0, "selector": 0.0, "generator": 0.0}
     start = time.perf_counter()
     batches = range(0, len(records), config.batch_size)
     for offset in tqdm(batches, desc=f"evaluate {config.mode}", unit="batch", disable=not progress):
         batch = records[offset: offset + config.batch_size]
-        traces = pipeline.run([r.question for r in batch])
+        with autocast(precision, device_type):
+            traces = pipeline.run([r.question for r in batch])
         for key, seconds in pipeline.last_timings.as_dict().items():
             timings[key] += seconds
         rows.extend(
@@ -186,7 +227,7 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
         )
     metrics = summarize(rows, config.mode)
     metrics["seconds"] = {"total": time.perf_counter() - start, **timings}
-    metrics["config"] = asdict(config)
+    metrics["config"] = {**asdict(config), "precision": precision}
     out = Path(config.output_dir)
     atomic_write_jsonl(out / PREDICTIONS_FILE, rows)
     atomic_write_json(out / METRICS_FILE, metrics)

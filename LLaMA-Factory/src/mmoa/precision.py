@@ -1,0 +1,82 @@
+"""Numeric precision: one rule for training, rollouts and evaluation.
+
+bf16 where the hardware computes it natively (a GPU with bf16, or a CPU with AVX-512 BF16 or AMX),
+fp32 elsewhere: on a CPU without those instructions bf16 is emulated and slower than fp32.
+Training uses bf16 *autocast* over fp32 weights (LLaMA-Factory's ``bf16: true``; on a CPU it also
+needs ``use_cpu: true``), so the optimiser still updates fp32 master weights; evaluation runs
+under the same autocast, so a model is evaluated with the arithmetic it was trained with.
+
+``python -m mmoa.precision [auto|bf16|fp32]`` prints the resolved precision and the training
+overrides, for shell scripts (``run_demo.sh``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+Precision = Literal["fp32", "bf16"]
+PRECISION_CHOICES: tuple[str, ...] = ("auto", "bf16", "fp32")
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """True when the CPU has native bf16 arithmetic (AVX-512 BF16 or AMX)."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text(errors="replace") if path.exists() else ""
+    flags = set(cpuinfo.split())
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(requested: str = "auto") -> Precision:
+    """``auto`` -> ``bf16`` on hardware with native bf16, else ``fp32``; others pass through."""
+    if requested not in PRECISION_CHOICES:
+        raise ValueError(f"precision must be one of {', '.join(PRECISION_CHOICES)}, "
+                         f"got {requested!r}")
+    if requested != "auto":
+        return requested  # type: ignore[return-value]
+    import torch
+
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if cpu_has_bf16() else "fp32"
+
+
+def train_overrides(precision: Precision, on_gpu: bool) -> list[str]:
+    """LLaMA-Factory keys for a training run at ``precision`` (``key=value`` strings)."""
+    if precision == "fp32":
+        return ["bf16=false"]
+    return ["bf16=true"] if on_gpu else ["bf16=true", "use_cpu=true"]
+
+
+@contextlib.contextmanager
+def autocast(precision: Precision, device_type: str) -> Iterator[None]:
+    """bf16 autocast on ``device_type`` (``cpu`` or ``cuda``), or nothing for fp32."""
+    if precision == "fp32":
+        yield
+        return
+    import torch
+
+    with torch.autocast(device_type, dtype=torch.bfloat16):
+        yield
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    requested = args[0] if args else "auto"
+    try:
+        precision = resolve_precision(requested)
+    except ValueError as err:
+        print(f"mmoa.precision: {err}", file=sys.stderr)
+        return 2
+    import torch
+
+    print(precision, *train_overrides(precision, torch.cuda.is_available()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
