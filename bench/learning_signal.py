@@ -1,42 +1,61 @@
-"""Learning signal: does joint MAPPO improve on the warm start? SFT + MAPPO per seed, test F1.
+"""Learning signal: does joint MAPPO improve on the warm start? Test F1 with standard errors.
 
-For every seed: the demo warm start (SFT from the pre-trained tiny model), its test F1, MAPPO from
-it, its test F1. Then the per-agent effect: from the first seed's warm start, MAPPO with only one
-agent optimised at a time (the other two still act). Everything uses the demo configs of
-``run_demo.sh`` (the same hyper-parameters; only seed and output folder change), which were tuned
-on the dev split; the figures here are on the test split.
+One warm start (the demo SFT config from SmolLM2-135M-Instruct, seed 42) serves every MAPPO run:
+the seeds differ in the MAPPO run only (question order, sampling, mini-batch order), which is
+where an RL result varies most, and one SFT of SmolLM2 costs as much CPU time as a MAPPO run.
+Then the per-agent ablation of the paper: MAPPO optimising only the Query Rewriter, only the
+Selector, only the Generator (from the same warm start, the first seed); the first seed's run
+with all three is the "all agents" row. The configs are the demo's (tuned on dev); every
+figure here is on the test split.
 
-Needs what ``bash run_demo.sh`` leaves behind: the pre-trained tiny model, the SFT and MAPPO data
-registered in data/dataset_info.json, the demo index; and a running retrieval server::
+Resumable run by run: each finished run writes ``<work-dir>/<run>/result.json`` and is skipped
+next time; an interrupted MAPPO run continues from its last checkpoint. No session of the
+project's 2-core machines lasts long enough for the whole bench, so run it again until the
+summary says every run is done.
+
+Needs the demo data (``bash run_demo.sh`` leaves it, or the stages by hand: world, index, SFT and
+MAPPO data) and a running retrieval server::
 
     bash run_server.sh --index data/demo/index &
-    python bench/learning_signal.py --seeds 1 2 3           # about 35 min on 2 CPU cores
+    python bench/learning_signal.py --seeds 1 2 3 --json-out bench/results/learning_signal.json
 
-Prints one JSON object and a table; --json-out writes the JSON too.
+Prints one JSON object and a table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-SFT_CONFIG = "LLaMA-Factory/examples/demo/tiny_full_sft.yaml"
-MAPPO_CONFIG = "LLaMA-Factory/examples/demo/tiny_full_mappo.yaml"
 AGENTS = ("qr", "selector", "generator")
+MODELS = {
+    # name: (base model, template, SFT config, MAPPO config)
+    "smollm2": ("models/smollm2-135m-instruct", "smollm2",
+                "LLaMA-Factory/examples/demo/smollm2_full_sft.yaml",
+                "LLaMA-Factory/examples/demo/smollm2_full_mappo.yaml"),
+    "tiny": ("saves/tiny-llama3/pt", "llama3",
+             "LLaMA-Factory/examples/demo/tiny_full_sft.yaml",
+             "LLaMA-Factory/examples/demo/tiny_full_mappo.yaml"),
+}
+RESULT = "result.json"
 
 
 def _run(command: list[str], log: Path) -> None:
-    """Run one stage; its output goes to ``log`` (the bench prints one line per stage)."""
+    """One stage, its output appended to ``log`` (the bench prints one line per stage)."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as handle:
+    with log.open("a") as handle:
+        handle.write(f"\n$ {' '.join(command)}\n")
+        handle.flush()
         result = subprocess.run(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT,
                                 check=False)
     if result.returncode != 0:
@@ -47,106 +66,229 @@ def _train(config: str, overrides: list[str], log: Path) -> None:
     _run([sys.executable, "-m", "mmoa.cli", "train", config, *overrides], log)
 
 
-def _rollout_limits() -> list[str]:
+def _last_checkpoint(output_dir: Path) -> Path | None:
+    checkpoints = [p for p in output_dir.glob("checkpoint-*") if p.is_dir()
+                   and p.name.split("-")[-1].isdigit()]
+    return max(checkpoints, key=lambda p: int(p.name.split("-")[-1])) if checkpoints else None
+
+
+def _rollout_limits(mappo_config: str) -> list[str]:
     """Evaluation generates with the MAPPO rollout's per-agent limits (from its config)."""
-    config = yaml.safe_load((ROOT / MAPPO_CONFIG).read_text())
+    config = yaml.safe_load((ROOT / mappo_config).read_text())
     return [arg for agent in AGENTS for arg in
             (f"--max_new_tokens_{agent}", str(config[f"mappo_max_new_tokens_{agent}"]))]
 
 
-def _evaluate(model: Path, args: argparse.Namespace, out: Path) -> dict:
-    _run([sys.executable, "evaluate/evaluate_qr_s_g.py", "--model_name_or_path", str(model),
-          "--data_file", args.eval_file, "--mode", "qr_s_g", "--k", str(args.k),
-          "--retriever_url", args.retriever_url, *_rollout_limits(),
-          "--output_dir", str(out)], out / "eval.log")
+def _evaluate(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    _, template, _, mappo_config = MODELS[args.model]
+    command = [sys.executable, "evaluate/evaluate_qr_s_g.py", "--model_name_or_path", str(model),
+               "--template", template, "--data_file", args.eval_file, "--mode", "qr_s_g",
+               "--k", str(args.k), "--retriever_url", args.retriever_url,
+               "--precision", args.precision, *_rollout_limits(mappo_config),
+               "--output_dir", str(out)]
+    if args.max_eval:
+        command += ["--max_samples", str(args.max_eval)]
+    _run(command, out / "eval.log")
     return json.loads((out / "metrics.json").read_text())
 
 
-def _summary(metrics: dict) -> dict:
-    return {"f1": metrics["f1"], "em": metrics["em"], "acc": metrics["acc"],
-            "selector_support_recall": metrics["agents"]["selector"].get("support_recall"),
-            "mean_selected": metrics["agents"]["selector"].get("mean_selected")}
+def _per_question_f1(eval_dir: Path) -> dict[str, float]:
+    rows = [json.loads(line) for line in (eval_dir / "predictions.jsonl").read_text().splitlines()]
+    return {row["id"]: float(row["scores"]["f1"]) for row in rows}
 
 
-def run(args: argparse.Namespace) -> dict:
-    work = Path(args.work_dir)
-    common = [f"mappo_retriever_url={args.retriever_url}", f"mappo_top_k={args.k}",
-              *args.overrides]
-    result: dict = {"seeds": {}, "per_agent": {}, "config": vars(args).copy()}
+def _summary(metrics: dict[str, Any], eval_dir: Path) -> dict[str, Any]:
+    agents = metrics["agents"]
+    selector, generator = agents.get("selector", {}), agents.get("generator", {})
+    return {
+        "f1": metrics["f1"], "f1_se": metrics.get("f1_se"), "em": metrics["em"],
+        "acc": metrics["acc"], "num_questions": metrics["num_questions"],
+        "candidate_support_recall": agents.get("retrieval", {}).get("candidate_support_recall"),
+        "mean_subquestions": agents.get("qr", {}).get("mean_subquestions"),
+        "selector_support_recall": selector.get("support_recall"),
+        "selector_support_precision": selector.get("support_precision"),
+        "mean_selected": selector.get("mean_selected"),
+        "mean_answer_words": generator.get("mean_answer_words"),
+        "well_formed": {a: agents.get(a, {}).get("well_formed_rate") for a in AGENTS},
+        "eval_dir": str(eval_dir),
+    }
+
+
+def _training_tail(output_dir: Path, last: int = 5) -> dict[str, float]:
+    """Mean of the last ``last`` logged MAPPO steps: rollout F1, penalty rates, KL, step time."""
+    log = output_dir / "trainer_log.jsonl"
+    if not log.is_file():
+        return {}
+    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()][-last:]
+    keys = ["answer_f1", "reward", "kl", "time/step", *(f"penalty_rate/{a}" for a in AGENTS)]
+    return {k: statistics.fmean(r[k] for r in rows if k in r) for k in keys
+            if any(k in r for r in rows)}
+
+
+def _done(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / RESULT
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _finish(run_dir: Path, result: dict[str, Any], started: float) -> dict[str, Any]:
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    (run_dir / RESULT).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def warm_start(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    run_dir = work / "warm_start"
+    if (done := _done(run_dir)) is not None:
+        return done
     started = time.perf_counter()
+    if args.warm_start:
+        metrics = _evaluate(Path(args.warm_start), args, run_dir / "eval")
+        return _finish(run_dir, {"model": args.warm_start, "trained_here": False,
+                                 "test": _summary(metrics, run_dir / "eval")}, started)
+    base, _, sft_config, _ = MODELS[args.model]
+    _train(sft_config, [f"model_name_or_path={args.base_model or base}", "seed=42",
+                        f"output_dir={run_dir / 'sft'}", *args.sft_overrides, *args.overrides],
+           run_dir / "train.log")
+    metrics = _evaluate(run_dir / "sft", args, run_dir / "eval")
+    return _finish(run_dir, {"model": str(run_dir / "sft"),
+                             "test": _summary(metrics, run_dir / "eval")}, started)
+
+
+def mappo_run(args: argparse.Namespace, work: Path, name: str, seed: int, agents: str,
+              sft_model: str) -> dict[str, Any]:
+    run_dir = work / name
+    if (done := _done(run_dir)) is not None:
+        return done
+    started = time.perf_counter()
+    _, _, _, mappo_config = MODELS[args.model]
+    output = run_dir / "mappo"
+    overrides = [f"model_name_or_path={sft_model}", f"seed={seed}", f"output_dir={output}",
+                 f"mappo_retriever_url={args.retriever_url}", f"mappo_top_k={args.k}",
+                 f"mappo_agents={agents}", *args.mappo_overrides, *args.overrides]
+    checkpoint = _last_checkpoint(output)
+    if checkpoint is not None:
+        print(f"[{name}] resuming from {checkpoint}", flush=True)
+        overrides += [f"resume_from_checkpoint={checkpoint}", "overwrite_output_dir=false"]
+    _train(mappo_config, overrides, run_dir / "train.log")
+    metrics = _evaluate(output, args, run_dir / "eval")
+    return _finish(run_dir, {"seed": seed, "agents": agents, "model": str(output),
+                             "test": _summary(metrics, run_dir / "eval"),
+                             "training_last_steps": _training_tail(output)}, started)
+
+
+def paired_gain(sft_eval: Path, mappo_eval: Path) -> dict[str, float]:
+    """Mean per-question F1 gain of MAPPO over SFT on the same questions and its standard error
+    (paired: the question-to-question spread that both runs share cancels out)."""
+    sft, mappo = _per_question_f1(sft_eval), _per_question_f1(mappo_eval)
+    diffs = [mappo[q] - sft[q] for q in sft if q in mappo]
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+    return {"gain": statistics.fmean(diffs), "gain_se": se, "n": len(diffs)}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(args.work_dir)
+    started = time.perf_counter()
+    result: dict[str, Any] = {"model": args.model, "config": vars(args).copy(), "mappo": {},
+                              "ablation": {}}
+    sft = warm_start(args, work)
+    result["warm_start"] = sft
+    print(f"[warm start] test F1 {100 * sft['test']['f1']:.1f}", flush=True)
+    sft_eval = Path(sft["test"]["eval_dir"])
     for seed in args.seeds:
-        base = work / f"seed{seed}"
-        t0 = time.perf_counter()
-        _train(SFT_CONFIG, [f"model_name_or_path={args.base_model}", f"seed={seed}",
-                            f"output_dir={base / 'sft'}", *args.overrides], base / "sft.log")
-        sft = _summary(_evaluate(base / "sft", args, base / "eval_sft"))
-        _train(MAPPO_CONFIG, [f"model_name_or_path={base / 'sft'}", f"seed={seed}",
-                              f"output_dir={base / 'mappo'}", *common], base / "mappo.log")
-        mappo = _summary(_evaluate(base / "mappo", args, base / "eval_mappo"))
-        result["seeds"][seed] = {"sft": sft, "mappo": mappo,
-                                 "delta_f1": mappo["f1"] - sft["f1"],
-                                 "seconds": round(time.perf_counter() - t0, 1)}
-        print(f"[seed {seed}] test F1 SFT {sft['f1']:.4f} -> MAPPO {mappo['f1']:.4f}", flush=True)
-    first = work / f"seed{args.seeds[0]}"
-    for agent in AGENTS if not args.skip_per_agent else ():
-        out = work / f"only_{agent}"
-        _train(MAPPO_CONFIG, [f"model_name_or_path={first / 'sft'}", f"seed={args.seeds[0]}",
-                              f"output_dir={out / 'mappo'}", f"mappo_agents={agent}", *common],
-               out / "mappo.log")
-        metrics = _summary(_evaluate(out / "mappo", args, out / "eval"))
-        result["per_agent"][agent] = metrics
-        print(f"[only {agent}] test F1 {metrics['f1']:.4f}", flush=True)
-    sft_f1 = [r["sft"]["f1"] for r in result["seeds"].values()]
-    mappo_f1 = [r["mappo"]["f1"] for r in result["seeds"].values()]
+        run_result = mappo_run(args, work, f"mappo_seed{seed}", seed, ",".join(AGENTS),
+                               sft["model"])
+        run_result["paired"] = paired_gain(sft_eval, Path(run_result["test"]["eval_dir"]))
+        result["mappo"][str(seed)] = run_result
+        print(f"[seed {seed}] test F1 {100 * run_result['test']['f1']:.1f} "
+              f"(gain {100 * run_result['paired']['gain']:+.1f} "
+              f"+- {100 * run_result['paired']['gain_se']:.1f})", flush=True)
+    for agent in args.ablation:
+        run_result = mappo_run(args, work, f"only_{agent}", args.seeds[0], agent, sft["model"])
+        run_result["paired"] = paired_gain(sft_eval, Path(run_result["test"]["eval_dir"]))
+        result["ablation"][agent] = run_result
+        print(f"[only {agent}] test F1 {100 * run_result['test']['f1']:.1f}", flush=True)
+    gains = [r["paired"]["gain"] for r in result["mappo"].values()]
     result["summary"] = {
-        "sft_f1_mean": statistics.mean(sft_f1),
-        "sft_f1_std": statistics.stdev(sft_f1) if len(sft_f1) > 1 else 0.0,
-        "mappo_f1_mean": statistics.mean(mappo_f1),
-        "mappo_f1_std": statistics.stdev(mappo_f1) if len(mappo_f1) > 1 else 0.0,
-        "mappo_beats_sft_in_every_seed": all(m > s for s, m in zip(sft_f1, mappo_f1,
-                                                                   strict=True)),
-        "seconds": round(time.perf_counter() - started, 1),
+        "sft_f1": sft["test"]["f1"], "sft_f1_se": sft["test"]["f1_se"],
+        "mappo_f1_mean": statistics.fmean(r["test"]["f1"] for r in result["mappo"].values())
+        if gains else None,
+        "mean_gain": statistics.fmean(gains) if gains else None,
+        "seeds_above_sft": sum(g > 0 for g in gains), "seeds": len(gains),
+        "target": "MAPPO above SFT in every seed, mean gain >= 0.02 F1",
+        "target_met": bool(gains) and all(g > 0 for g in gains)
+        and statistics.fmean(gains) >= 0.02,
+        "seconds_this_invocation": round(time.perf_counter() - started, 1),
     }
     return result
 
 
-def format_table(result: dict) -> str:
-    lines = [f"{'run':<22}{'test F1':>9}{'EM':>7}{'S recall':>10}{'S sel':>7}",
-             "-" * 55]
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
 
-    def row(name: str, m: dict) -> str:
-        recall = m["selector_support_recall"]
-        recall_text = f"{100 * recall:.1f}" if recall is not None else "-"
-        return (f"{name:<22}{100 * m['f1']:>9.1f}{100 * m['em']:>7.1f}{recall_text:>10}"
-                f"{m['mean_selected']:>7.2f}")
 
-    for seed, r in result["seeds"].items():
-        lines.append(row(f"seed {seed} SFT", r["sft"]))
-        lines.append(row(f"seed {seed} MAPPO", r["mappo"]))
-    for agent, m in result["per_agent"].items():
-        lines.append(row(f"MAPPO only {agent}", m))
+def format_table(result: dict[str, Any]) -> str:
+    header = (f"{'run':<24}{'F1':>6}{'+-SE':>6}{'EM':>6}{'Acc':>6}{'gain':>7}{'+-SE':>6}"
+              f"{'cand rec':>9}{'S prec':>7}{'S rec':>7}{'S sel':>6}{'G words':>8}")
+    lines = [header, "-" * len(header)]
+
+    def row(name: str, test: dict[str, Any], paired: dict[str, float] | None) -> str:
+        gain = _pct(paired["gain"]) if paired else "-"
+        gain_se = _pct(paired["gain_se"]) if paired else "-"
+        words = test.get("mean_answer_words")
+        selected = test.get("mean_selected")
+        return (f"{name:<24}{_pct(test['f1']):>6}{_pct(test.get('f1_se')):>6}"
+                f"{_pct(test['em']):>6}{_pct(test['acc']):>6}{gain:>7}{gain_se:>6}"
+                f"{_pct(test.get('candidate_support_recall')):>9}"
+                f"{_pct(test.get('selector_support_precision')):>7}"
+                f"{_pct(test.get('selector_support_recall')):>7}"
+                f"{'-' if selected is None else f'{selected:.2f}':>6}"
+                f"{'-' if words is None else f'{words:.2f}':>8}")
+
+    lines.append(row("warm start (SFT)", result["warm_start"]["test"], None))
+    for seed, r in result["mappo"].items():
+        lines.append(row(f"MAPPO seed {seed}", r["test"], r["paired"]))
+    for agent, r in result["ablation"].items():
+        lines.append(row(f"MAPPO only {agent}", r["test"], r["paired"]))
     s = result["summary"]
-    lines.append("-" * 55)
-    lines.append(f"SFT   F1 {100 * s['sft_f1_mean']:.1f} +- {100 * s['sft_f1_std']:.1f}   "
-                 f"MAPPO F1 {100 * s['mappo_f1_mean']:.1f} +- {100 * s['mappo_f1_std']:.1f}   "
-                 f"MAPPO > SFT in every seed: {s['mappo_beats_sft_in_every_seed']}")
+    lines.append("-" * len(header))
+    lines.append(f"MAPPO above SFT in {s['seeds_above_sft']} of {s['seeds']} seeds, mean gain "
+                 f"{_pct(s['mean_gain'])} F1; target met: {s['target_met']}")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="smollm2")
+    parser.add_argument("--base-model", help="the model the warm start begins from "
+                        "(default: models/smollm2-135m-instruct, or the tiny model's pt save)")
+    parser.add_argument("--warm-start", dest="warm_start",
+                        help="use this SFT model as the warm start instead of training one")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--base-model", default="saves/tiny-llama3/pt",
-                        help="the pre-trained tiny model the warm start begins from")
+    parser.add_argument("--ablation", nargs="*", default=list(AGENTS), choices=AGENTS,
+                        help="agents optimised alone from the warm start (default: all three)")
     parser.add_argument("--retriever-url", dest="retriever_url", default="http://127.0.0.1:8000")
     parser.add_argument("--eval-file", dest="eval_file", default="data/demo/test.jsonl")
+    parser.add_argument("--max-eval", dest="max_eval", type=int,
+                        help="evaluate on the first N questions only")
     parser.add_argument("--k", type=int, default=5, help="candidates per question (as the demo)")
+    parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
     parser.add_argument("--work-dir", default="saves/learning_signal")
-    parser.add_argument("--skip-per-agent", action="store_true")
+    parser.add_argument("--sft", dest="sft_overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="an override of the SFT run only (repeatable)")
+    parser.add_argument("--mappo", dest="mappo_overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="an override of every MAPPO run (repeatable)")
     parser.add_argument("--json-out", help="also write the JSON here")
     parser.add_argument("overrides", nargs="*",
                         help="key=value overrides for every training run (e.g. bf16=true)")
     args = parser.parse_args()
+    import torch
+
+    from mmoa.precision import resolve_precision, train_overrides
+
+    args.precision = resolve_precision(args.precision)
+    # first, so that an explicit bf16=... among the overrides wins
+    args.overrides = [*train_overrides(args.precision, torch.cuda.is_available()),
+                      *args.overrides]
     result = run(args)
     print(json.dumps(result, indent=2))
     print()

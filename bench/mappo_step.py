@@ -26,26 +26,39 @@ from pathlib import Path
 
 import psutil
 import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "LLaMA-Factory" / "src"))
 
 
-def _config(args: argparse.Namespace, output: str, finetuning_type: str) -> dict:
-    return {
-        "stage": "mappo", "do_train": True, "model_name_or_path": args.model,
-        "finetuning_type": finetuning_type, "lora_rank": 8, "lora_target": "all",
-        "template": args.template, "dataset": args.dataset, "dataset_dir": args.dataset_dir,
+def _config(args: argparse.Namespace, output: str) -> dict:
+    """The MAPPO config measured: ``--config`` (the demo's by default) with the bench's
+    overrides; nothing else differs from a real run of that config."""
+    config = yaml.safe_load((ROOT / args.config).read_text())
+    config.update({
         "output_dir": output, "overwrite_output_dir": True, "report_to": "none",
-        "disable_gradient_checkpointing": True, "per_device_train_batch_size": args.mini_batch,
-        "gradient_accumulation_steps": 1, "learning_rate": 1e-5, "max_steps": args.steps,
-        "logging_steps": 1, "save_steps": 0, "ppo_epochs": args.ppo_epochs, "seed": 0,
-        "bf16": torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
-        "mappo_retriever_url": args.retriever_url,
-        "mappo_questions_per_rollout": args.questions, "mappo_rollout_batch_size": args.questions,
-        "mappo_max_new_tokens_qr": 48, "mappo_max_new_tokens_selector": 32,
-        "mappo_max_new_tokens_generator": 24,
-    }
+        "max_steps": args.steps + 1, "save_steps": 0, "logging_steps": 1, "plot_loss": False,
+        "mappo_retriever_url": args.retriever_url, "dataset_dir": args.dataset_dir,
+    })
+    if args.model:
+        config["model_name_or_path"] = args.model
+    if args.finetuning_type:
+        config["finetuning_type"] = args.finetuning_type
+        if args.finetuning_type == "lora":
+            config.setdefault("lora_rank", 16)
+            config.setdefault("lora_target", "all")
+    for key in ("ppo_epochs", "learning_rate"):
+        if getattr(args, key) is not None:
+            config[key] = getattr(args, key)
+    if args.questions:
+        config["mappo_questions_per_rollout"] = args.questions
+        config["mappo_rollout_batch_size"] = args.questions
+    on_gpu = torch.cuda.is_available()
+    config["bf16"] = args.precision == "bf16"
+    if args.precision == "bf16" and not on_gpu:
+        config["use_cpu"] = True  # bf16 autocast on the CPU (transformers needs use_cpu)
+    return config
 
 
 def _sync() -> None:
@@ -62,37 +75,43 @@ def _rss_mb() -> float:
 
 
 def run_mappo_steps(args: argparse.Namespace) -> tuple[list[dict], list, object]:
+    """Runs the trainer's own step (``MappoTrainer._train_step``) and reads its phase timings."""
     from mmoa.train.mappo.learner import PPOLearner
     from mmoa.train.mappo.workflow import build_mappo_trainer
 
     with tempfile.TemporaryDirectory() as out:
-        trainer, _, _ = build_mappo_trainer(_config(args, out, "lora"))
+        trainer, _, _ = build_mappo_trainer(_config(args, out))
         learner = PPOLearner(trainer.model, trainer.optimizer, trainer.ppo_config,
                              trainer._pad_id(), generator=torch.Generator().manual_seed(0))
+        captured: list = []
+        make_samples = trainer.make_samples
+
+        def capture(records, traces):  # keeps each step's samples for the baseline
+            samples, logs = make_samples(records, traces)
+            captured.append(samples)
+            return samples, logs
+
+        trainer.make_samples = capture
         logs, samples = [], []
         for step in range(args.steps + 1):  # step 0 warms up (allocations, first retrieval)
-            start = time.perf_counter()
-            records = trainer.step_records(step)
-            traces, timings = trainer.rollout(records)
-            t1 = time.perf_counter()
-            step_samples, _ = trainer.make_samples(records, traces)
-            rollout = learner.prepare(step_samples)
+            step_logs = trainer._train_step(step, learner)
             _sync()
-            t2 = time.perf_counter()
-            learner.update(rollout)
-            learner.update_kl(rollout)
-            _sync()
-            t3 = time.perf_counter()
             if step == 0:
                 continue
-            generate = timings["qr"] + timings["selector"] + timings["generator"]
+            step_samples = captured[-1]
             # The baseline runs right after, on the same samples, so both see the same machine.
-            baseline = baseline_seconds(trainer, [step_samples], args.ppo_epochs,
-                                        args.mini_batch)[0]
-            logs.append({"step": t3 - start, "generate": generate,
-                         "retrieve": timings["retrieve"],
-                         "rollout_other": (t1 - start) - generate - timings["retrieve"],
-                         "score": t2 - t1, "update": t3 - t2, "baseline": baseline})
+            baseline = baseline_seconds(trainer, [step_samples], trainer.ppo_config.ppo_epochs,
+                                        trainer.ppo_config.mini_batch_size)[0]
+            logs.append({"step": step_logs["time/step"], "generate": step_logs["time/generate"],
+                         "retrieve": step_logs["time/retrieve"],
+                         "rollout_other": step_logs["time/rollout"]
+                         - step_logs["time/generate"] - step_logs["time/retrieve"],
+                         "score": step_logs["time/score"], "update": step_logs["time/update"],
+                         "baseline": baseline,
+                         "tokens": sum(len(x.prompt_ids) + len(x.response_ids)
+                                       for x in step_samples),
+                         "response_tokens": sum(len(x.response_ids) for x in step_samples),
+                         "answer_f1": step_logs.get("answer_f1", float("nan"))})
             samples.append(step_samples)
         return logs, samples, trainer
 
@@ -109,7 +128,7 @@ def baseline_seconds(trainer, samples_per_step: list, ppo_epochs: int, mini_batc
     for samples in samples_per_step:
         start = time.perf_counter()
         policy.eval()
-        with torch.no_grad():
+        with trainer.accelerator.autocast(), torch.no_grad():
             for agent in ("qr", "selector", "generator"):
                 group = [s for s in samples if s.agent == agent]
                 if not group:
@@ -126,13 +145,16 @@ def baseline_seconds(trainer, samples_per_step: list, ppo_epochs: int, mini_batc
                                 max_new_tokens=new, min_new_tokens=new, do_sample=True,
                                 pad_token_id=pad)
         policy.train()
+        # Plain fwd/bwd as a naive loop writes it: the model's whole forward, logits over
+        # every position, mini-batches padded to their longest row.
         for _ in range(ppo_epochs):
             for indices in minibatches(len(samples), mini_batch):
                 batch = collate([samples[i] for i in indices], pad).to(
                     next(policy.parameters()).device)
-                logits = policy(input_ids=batch.input_ids,
-                                attention_mask=batch.attention_mask).logits
-                loss = logits.float().logsumexp(-1).mean()
+                with trainer.accelerator.autocast():
+                    logits = policy(input_ids=batch.input_ids,
+                                    attention_mask=batch.attention_mask).logits
+                    loss = logits.float().logsumexp(-1).mean()
                 loss.backward()
         policy.zero_grad(set_to_none=True)
         _sync()
@@ -140,7 +162,7 @@ def baseline_seconds(trainer, samples_per_step: list, ppo_epochs: int, mini_batc
     return out
 
 
-def reference_memory(args: argparse.Namespace) -> dict:
+def reference_memory(model_path: str) -> dict:
     """Resident memory of the policy with the adapter-disabled reference vs a second copy.
 
     The copy is made with ``deepcopy`` so its weights are really allocated (two
@@ -151,7 +173,7 @@ def reference_memory(args: argparse.Namespace) -> dict:
 
     gc.collect()
     before = _rss_mb()
-    policy = AutoModelForCausalLM.from_pretrained(args.model)
+    policy = AutoModelForCausalLM.from_pretrained(model_path)
     policy = copy.deepcopy(policy)  # materialise the weights (no mmap-shared pages)
     gc.collect()
     with_adapter_reference = _rss_mb() - before
@@ -167,32 +189,45 @@ def reference_memory(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="models/tiny-llama3")
-    parser.add_argument("--template", default="llama3")
-    parser.add_argument("--dataset", default="demo_mappo")
+    parser.add_argument("--config", default="LLaMA-Factory/examples/demo/smollm2_full_mappo.yaml",
+                        help="the MAPPO config measured (default: the demo's)")
+    parser.add_argument("--model", help="model_name_or_path (default: the config's)")
+    parser.add_argument("--finetuning_type", choices=["full", "lora"],
+                        help="default: the config's (lora: rank 16 on all linear layers)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="bf16",
+                        help="bf16: autocast (on a CPU with use_cpu); fp32: plain")
     parser.add_argument("--dataset_dir", default="data")
     parser.add_argument("--retriever_url", default="http://127.0.0.1:8000")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--questions", type=int, default=16)
-    parser.add_argument("--mini_batch", type=int, default=8)
-    parser.add_argument("--ppo_epochs", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3, help="measured steps (after 1 warm-up)")
+    parser.add_argument("--questions", type=int, help="questions per step (default: config)")
+    parser.add_argument("--ppo_epochs", type=int, help="default: the config's")
+    parser.add_argument("--learning_rate", type=float, help="default: the config's")
+    parser.add_argument("--skip_memory", action="store_true",
+                        help="skip the reference-memory comparison")
     parser.add_argument("--json-out")
     args = parser.parse_args()
 
-    memory = reference_memory(args)
-    logs, samples, _ = run_mappo_steps(args)
+    logs, samples, trainer = run_mappo_steps(args)
+    config = _config(args, "-")
+    model_path = config["model_name_or_path"]
+    memory = {} if args.skip_memory else reference_memory(model_path)
     mean = {k: sum(log[k] for log in logs) / len(logs) for k in logs[0]}
     baseline = mean.pop("baseline")
+    tokens = {k: mean.pop(k) for k in ("tokens", "response_tokens", "answer_f1")}
     result = {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "threads": torch.get_num_threads(),
-        "model": args.model, "questions_per_step": args.questions,
-        "samples_per_step": len(samples[0]), "ppo_epochs": args.ppo_epochs,
+        "config": args.config, "model": model_path,
+        "finetuning_type": config["finetuning_type"], "precision": args.precision,
+        "questions_per_step": trainer.questions_per_step,
+        "samples_per_step": len(samples[0]), "ppo_epochs": trainer.ppo_config.ppo_epochs,
         "mappo_step_s": round(mean["step"], 3),
         "phases_s": {k: round(v, 3) for k, v in mean.items() if k != "step"},
         "baseline_step_s": round(baseline, 3),
         "overhead_ratio": round(mean["step"] / baseline, 3),
         "target_overhead_ratio": 1.3,
+        "tokens_per_step": round(tokens["tokens"]), "response_tokens_per_step":
+            round(tokens["response_tokens"]), "rollout_answer_f1": round(tokens["answer_f1"], 4),
         "memory": memory,
     }
     print(json.dumps(result, indent=2))
@@ -203,9 +238,10 @@ def main() -> None:
     print(f"{'MAPPO step':<16}{result['mappo_step_s']:>10.3f}")
     print(f"{'baseline':<16}{result['baseline_step_s']:>10.3f}   (generate + fwd/bwd, same tokens)")
     print(f"{'overhead':<16}{result['overhead_ratio']:>10.3f}   (target <= 1.3)")
-    print(f"reference memory: adapter-disabled {memory['adapter_disabled_reference_mb']} MB vs "
-          f"separate copy {memory['separate_reference_copy_mb']} MB "
-          f"(+{memory['reference_parameters_mb']} MB of parameters)")
+    if memory:
+        print(f"reference memory: adapter-disabled {memory['adapter_disabled_reference_mb']} MB"
+              f" vs separate copy {memory['separate_reference_copy_mb']} MB "
+              f"(+{memory['reference_parameters_mb']} MB of parameters)")
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
 

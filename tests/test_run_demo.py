@@ -1,4 +1,5 @@
-"""The whole demo end to end, shortened: ``DEMO_SCALE=small bash run_demo.sh`` in a temp folder.
+"""The whole demo end to end, shortened: ``MODEL=tiny DEMO_SCALE=small bash run_demo.sh`` in a temp
+folder.
 
 Every stage of the real demo runs (set-up, world, tiny model, pre-training, index, server, SFT
 data, warm start, MAPPO data, MAPPO, five evaluations, table and plots), on a smaller world and
@@ -35,7 +36,7 @@ def test_shortened_demo_runs_end_to_end(tmp_path: Path) -> None:
     port = free_port()
     env = {
         **os.environ,
-        "DEMO_SCALE": "small", "PORT": str(port), "PRECISION": "fp32",
+        "MODEL": "tiny", "DEMO_SCALE": "small", "PORT": str(port), "PRECISION": "fp32",
         "DATA_DIR": str(tmp_path / "data"), "MODEL_DIR": str(tmp_path / "models/tiny"),
         "SAVES": str(tmp_path / "saves"), "OUT": str(tmp_path / "out"),
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
