@@ -53,8 +53,8 @@ def percentile_ms(samples: list[float], q: float) -> float:
 
 def demo_index(work: Path, n_passages: int) -> tuple[Path, list[str]]:
     """A demo world of ``n_passages`` and its Flat index; returns (index dir, questions)."""
-    from mmoa.data.demo_world import DemoWorldConfig, generate_demo_world, write_demo_world
     from mmoa.retrieval.builder import BuildConfig, build_index
+    from mmoa_demo.world import DemoWorldConfig, generate_demo_world, write_demo_world
 
     world = generate_demo_world(DemoWorldConfig(n_passages=n_passages, n_train=400, n_dev=100,
                                                 n_test=100, seed=42))

@@ -6,7 +6,7 @@ Example:
 
 import sys
 
-from mmoa.data.pretrain_text import main
+from mmoa_demo.pretrain_text import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from mmoa.fileio import iter_jsonl
-from mmoa.tiny_model import (
+from mmoa_demo.tiny_model import (
     DEFAULT_OUTPUT_DIR,
     DEFAULT_TEXT_DIR,
     TinyModelConfig,
@@ -33,8 +33,6 @@ FIELD_HELP: dict[str, str] = {
     "num_key_value_heads": "K/V heads (grouped-query attention)",
     "seed": "seed of the random weight initialisation",
     "extra_text_weight": "how many times each extra text is counted for the tokenizer",
-    "pre_tokenizer": "split regex: 'llama3' (Llama-3's) or 'names' (a capitalised word never "
-    "takes the character before it, so a name has the same tokens wherever it stands)",
 }
 
 

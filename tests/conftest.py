@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from mmoa.data.demo_world import (
+from mmoa_demo.tiny_model import default_extra_texts, demo_world_texts, make_tiny_model
+from mmoa_demo.world import (
     DemoWorld,
     DemoWorldConfig,
     generate_demo_world,
     write_demo_world,
 )
-from mmoa.tiny_model import default_extra_texts, demo_world_texts, make_tiny_model
 
 #: Small enough to build in about a second, big enough to have every kind of question.
 TINY_WORLD_CONFIG = DemoWorldConfig(n_passages=300, n_train=100, n_dev=30, n_test=30, seed=11)

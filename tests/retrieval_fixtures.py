@@ -46,7 +46,7 @@ def encoder_threads() -> Iterator[None]:
 
 def demo_corpus(base: Path) -> Path:
     """A small demo world's corpus.jsonl (seeded, identical on every run)."""
-    from mmoa.data.demo_world import DemoWorldConfig, generate_demo_world, write_demo_world
+    from mmoa_demo.world import DemoWorldConfig, generate_demo_world, write_demo_world
 
     out = base / "world"
     if not (out / "corpus.jsonl").is_file():

@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 
 from mmoa.cli import main as cli_main
-from mmoa.data.demo_world import (
+from mmoa_demo.world import (
     QUESTION_TYPES,
     DemoWorldConfig,
     DemoWorldError,
     generate_demo_world,
-    passages_with_questions,
     write_demo_world,
 )
 
@@ -89,22 +88,6 @@ def test_every_answer_occurs_in_its_supporting_passages(world) -> None:
                 assert r["answers"] in (["yes"], ["no"])
                 continue
             assert any(a.lower() in support for a in r["answers"]), r
-
-
-def test_passages_with_questions_asks_everything_about_each_passage(world) -> None:
-    pairs = passages_with_questions(SMALL)
-    assert [p for p, _ in pairs] == world.corpus
-    asked = [q for _, qs in pairs for q in qs]
-    assert len(asked) > len(world.corpus)  # most passages answer several questions
-    for passage, questions in pairs:
-        for q in questions:
-            assert q["question"].endswith("?")
-            assert q["answers"][0] in f"{passage['title']} {passage['text']}", (passage, q)
-    # Every one-hop question of the splits is asked of its passage too (perhaps worded with
-    # another template): one of that passage's questions has the same answer.
-    answers_of = {p["id"]: [q["answers"] for q in qs] for p, qs in pairs}
-    one_hop = [r for rs in world.splits.values() for r in rs if r["type"] == "one_hop"]
-    assert one_hop and all(r["answers"] in answers_of[r["supporting_ids"][0]] for r in one_hop)
 
 
 def _yes_no_template(question: str) -> str:

@@ -3,26 +3,19 @@
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 
-from mmoa.data.demo_world import DemoWorld, DemoWorldConfig, generate_demo_world
-from mmoa.data.pretrain_text import (
-    FRESH_READING_SEED,
-    FRESH_READING_WORLD,
-    READING_SHEET_SEED,
+from mmoa.fileio import atomic_write_json
+from mmoa_demo.pretrain_text import (
     build_pretrain_texts,
     copy_drill,
-    fresh_reading_texts,
     main,
-    reading_sheet,
-    reading_sheet_texts,
     text_kind,
     write_pretrain_dataset,
 )
-from mmoa.fileio import atomic_write_json
+from mmoa_demo.world import DemoWorld
 
 
 def test_texts_come_from_other_worlds_without_evaluation_titles(tiny_world: DemoWorld) -> None:
@@ -67,68 +60,6 @@ def test_fresh_copy_names_are_not_the_worlds_titles() -> None:
     assert not set(every_name) & world_titles
     assert len(set(every_name)) > 0.9 * len(every_name)  # drawn afresh, hardly ever repeated
     assert texts == build_pretrain_texts(seeds=(5,), n_passages=200, fresh_copy_names=True)
-
-
-def test_fresh_reading_drills_use_passages_found_nowhere_else(tiny_world: DemoWorld) -> None:
-    excluded = {p["title"] for p in tiny_world.corpus}
-    texts = build_pretrain_texts(seeds=(5,), n_passages=200, exclude_titles=excluded,
-                                 fresh_reading_drills=300)
-    plain = build_pretrain_texts(seeds=(5,), n_passages=200, exclude_titles=excluded)
-    reading = [t["text"] for t in texts if text_kind(t["text"]) == "reading"]
-    fresh = [t for t in reading if t not in {p["text"] for p in plain}]
-    assert len(fresh) == 300 == len(texts) - len(plain)  # more than one single-use world
-    passages = [doc for t in fresh for doc in t.split("\n\nQuestion: ")[0].split("\n\n")]
-    titles = [doc.split("\n", 1)[0] for doc in passages]
-    assert len(set(passages)) == len(passages)  # each passage in one drill only
-    assert not set(titles) & excluded
-    other_text = "\n".join(t["text"] for t in plain)
-    assert not any(doc in other_text for doc in passages)
-    for drill in fresh:  # the answer is written in the drill's passages: reading finds it
-        documents, tail = drill.split("\n\nQuestion: ")
-        answer = tail.rsplit("\nAnswer: ", 1)[1]
-        assert answer in documents or answer in ("yes", "no")
-    assert texts == build_pretrain_texts(seeds=(5,), n_passages=200, exclude_titles=excluded,
-                                         fresh_reading_drills=300)
-    # A single-use world whose every title is excluded gives nothing: an error, not a hang.
-    first_world = generate_demo_world(DemoWorldConfig(
-        n_passages=FRESH_READING_WORLD, n_train=FRESH_READING_WORLD, n_dev=0, n_test=0,
-        seed=FRESH_READING_SEED))
-    with pytest.raises(ValueError, match="no reading drill"):
-        fresh_reading_texts(10, {p["title"] for p in first_world.corpus}, random.Random(0))
-
-
-def test_reading_sheets_ask_every_question_of_single_use_passages(tiny_world: DemoWorld) -> None:
-    excluded = {p["title"] for p in tiny_world.corpus}
-    plain = build_pretrain_texts(seeds=(5,), n_passages=200, exclude_titles=excluded)
-    texts = build_pretrain_texts(seeds=(5,), n_passages=200, exclude_titles=excluded,
-                                 reading_sheets=150)
-    sheets = [t["text"] for t in texts if text_kind(t["text"]) == "sheet"]
-    assert len(sheets) == 150 == len(texts) - len(plain)  # more than one single-use world
-    other_text = "\n".join(t["text"] for t in plain)
-    passages, n_questions = [], 0
-    for sheet in sheets:
-        documents, asked = sheet.split("\n\nQuestion: ", 1)
-        docs = documents.split("\n\n")
-        assert len(docs) == 2
-        passages.extend(docs)
-        lines = ("Question: " + asked).split("\n")
-        assert [line.split(": ")[0] for line in lines] == ["Question", "Answer"] * (len(lines) // 2)
-        for answer in lines[1::2]:  # every answer is written in the sheet's passages
-            assert answer.removeprefix("Answer: ") in documents
-        n_questions += len(lines) // 2
-    assert len(set(passages)) == len(passages)  # no passage on two sheets
-    assert not {doc.split("\n", 1)[0] for doc in passages} & excluded
-    assert not any(doc in other_text for doc in passages)
-    assert n_questions >= 3 * len(sheets)  # denser than a drill's one question
-    assert texts == build_pretrain_texts(seeds=(5,), n_passages=200, exclude_titles=excluded,
-                                         reading_sheets=150)
-    assert reading_sheet([{"title": "Ada", "text": "Ada was born in Rome."}],
-                         [{"question": "Where was Ada born?", "answers": ["Rome"]}]) == (
-        "Ada\nAda was born in Rome.\n\nQuestion: Where was Ada born?\nAnswer: Rome")
-    first_world = generate_demo_world(DemoWorldConfig(
-        n_passages=FRESH_READING_WORLD, n_train=0, n_dev=0, n_test=1, seed=READING_SHEET_SEED))
-    with pytest.raises(ValueError, match="no reading sheet"):
-        reading_sheet_texts(10, {p["title"] for p in first_world.corpus}, random.Random(0))
 
 
 def test_registration_keeps_foreign_entries(tmp_path: Path) -> None:

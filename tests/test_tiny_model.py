@@ -14,18 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmoa.agents.candidates import doc_text
 from mmoa.agents.prompts import format_answer, generator_prompt, qr_prompt, selector_prompt
-from mmoa.data.demo_world import write_demo_world
 from mmoa.fileio import DataFormatError
-from mmoa.tiny_model import (
+from mmoa_demo.tiny_model import (
     BOS_TOKEN,
     END_OF_TEXT_TOKEN,
     EOM_TOKEN,
     EOT_TOKEN,
     INFO_FILE,
     SPECIAL_TOKENS,
-    SPLIT_PATTERNS,
     TEMPLATE_NAME,
     TinyModelConfig,
     default_extra_texts,
@@ -38,6 +35,7 @@ from mmoa.tiny_model import (
     texts_from_jsonl,
     train_tokenizer,
 )
+from mmoa_demo.world import write_demo_world
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "models" / "make_tiny_model.py"
@@ -184,33 +182,6 @@ def test_tokenizer_learned_the_demo_vocabulary(tiny_model_dir: Path, tiny_world)
     assert len(tokenizer.encode(passage, add_special_tokens=False)) < len(passage) / 3
     for word in ["ĠDocument", "Question", "Ġsub", "user", "assistant", "ĊĊ"]:
         assert word in vocab, word
-
-
-def test_names_pre_tokenizer_spells_a_name_the_same_wherever_it_stands(tiny_world) -> None:
-    """With ``pre_tokenizer="names"`` a name in a document and the same name as the Generator's
-    answer ("**name**") share their token ids; Llama-3's regex puts the space into the name's
-    first piece after a space only."""
-    texts = [doc_text(p) for p in tiny_world.corpus]
-    names = [p["title"] for p in tiny_world.corpus[:50]]
-
-    def spelled_alike(tokenizer) -> bool:
-        def ids(text: str) -> list[int]:
-            return tokenizer.encode(text, add_special_tokens=False)
-
-        for name in names:
-            alone, star = ids(name), ids("**")
-            if not (ids(f"**{name}**") == star + alone + star
-                    and ids(f"born in {name}.")[-len(alone) - 1:] == alone + ids(".")):
-                return False
-        return True
-
-    names_tokenizer = train_tokenizer(texts, 1024, split_pattern=SPLIT_PATTERNS["names"])
-    assert spelled_alike(names_tokenizer)
-    assert not spelled_alike(train_tokenizer(texts, 1024))
-    text = texts[0] + " **Velmora** l'été 1,000"
-    assert names_tokenizer.decode(names_tokenizer.encode(text, add_special_tokens=False)) == text
-    with pytest.raises(ValueError, match="pre_tokenizer"):
-        TinyModelConfig(pre_tokenizer="gpt2")
 
 
 def test_llama3_special_tokens(tiny_model_dir: Path) -> None:
@@ -413,7 +384,7 @@ def test_making_a_model_leaves_the_global_rng_alone() -> None:
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    from mmoa.tiny_model import build_model
+    from mmoa_demo.tiny_model import build_model
 
     build_model(tokenizer, SMALL)
     assert torch.equal(torch.rand(3), expected)
@@ -429,7 +400,7 @@ def test_failed_write_keeps_the_previous_model(
     def fail(*_args, **_kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("mmoa.tiny_model.atomic_write_json", fail)
+    monkeypatch.setattr("mmoa_demo.tiny_model.atomic_write_json", fail)
     with pytest.raises(OSError, match="disk full"):
         make_tiny_model(FEW_TEXTS, out, TinyModelConfig(**{**SMALL.__dict__, "seed": 5}))
     assert directory_digest(out) == before

@@ -20,7 +20,7 @@ def _cmd_version(_: argparse.Namespace) -> int:
 
 
 def _cmd_demo_world(args: argparse.Namespace) -> int:
-    from mmoa.data.demo_world import (
+    from mmoa_demo.world import (
         DemoWorldConfig,
         DemoWorldError,
         generate_demo_world,
@@ -162,8 +162,8 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
     sft.add_argument("--seed", type=int, default=42, help="seed of the candidate shuffling")
     sft.set_defaults(handler=_cmd_sft_data)
 
-    from mmoa.data.pretrain_text import build_arg_parser as pretrain_parser
-    from mmoa.data.pretrain_text import run as run_pretrain
+    from mmoa_demo.pretrain_text import build_arg_parser as pretrain_parser
+    from mmoa_demo.pretrain_text import run as run_pretrain
 
     pretrain = kinds.add_parser(
         "pretrain", parents=[pretrain_parser()], add_help=False, conflict_handler="resolve",

@@ -804,10 +804,13 @@ def _type_targets(n: int) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _build_corpus(
-    config: DemoWorldConfig,
-) -> tuple[_Builder, list[dict[str, str]], dict[str, str]]:
-    """The world's entities, its corpus (shuffled, with ids) and each entity key's passage id."""
+def generate_demo_world(config: DemoWorldConfig | None = None) -> DemoWorld:
+    """Builds the corpus and the question splits in memory (nothing is written).
+
+    Raises :class:`DemoWorldError` for invalid sizes, including asking for more questions of a
+    split than its pool of entities can make.
+    """
+    config = config or DemoWorldConfig()
     config.validate()
     builder = _Builder(config)
     passages = builder.entity_passages() + builder.distractor_passages()
@@ -818,17 +821,7 @@ def _build_corpus(
         for i, (_, title, text) in enumerate(passages)
     ]
     key_to_id = {key: corpus[i]["id"] for i, (key, _, _) in enumerate(passages)}
-    return builder, corpus, key_to_id
 
-
-def generate_demo_world(config: DemoWorldConfig | None = None) -> DemoWorld:
-    """Builds the corpus and the question splits in memory (nothing is written).
-
-    Raises :class:`DemoWorldError` for invalid sizes, including asking for more questions of a
-    split than its pool of entities can make.
-    """
-    config = config or DemoWorldConfig()
-    builder, corpus, key_to_id = _build_corpus(config)
     sizes = config.split_sizes()
     q_rng = random.Random(config.seed * 7919 + 1)
     pools = _split_pools(builder, sizes, q_rng)
@@ -886,25 +879,6 @@ def generate_demo_world(config: DemoWorldConfig | None = None) -> DemoWorld:
         "capacity": capacity,
     }
     return DemoWorld(config=config, corpus=corpus, splits=splits, stats=stats)
-
-
-def passages_with_questions(config: DemoWorldConfig) -> list[tuple[dict[str, str], list[dict]]]:
-    """Every passage of the world described by ``config``, each with every one-hop question about
-    it (``{"question", "answers"}``; none for distractors), in corpus order.
-
-    The splits of :func:`generate_demo_world` ask a sample of these questions about disjoint
-    pools of entities; this asks them all, for texts that need many questions per passage (the
-    tiny model's reading sheets, :mod:`mmoa.data.pretrain_text`). The passages are those of
-    :func:`generate_demo_world` with the same ``config``.
-    """
-    builder, corpus, key_to_id = _build_corpus(config)
-    # Its own question stream (the splits draw theirs from ``seed * 7919 + 1``).
-    maker = _QuestionMaker(builder, random.Random(config.seed * 7919 + 2))
-    by_id: dict[str, list[dict]] = {}
-    for q in maker.one_hop(builder.entities_by_kind()):
-        by_id.setdefault(key_to_id[q.keys[0]], []).append(
-            {"question": q.question, "answers": list(dict.fromkeys(q.answers))})
-    return [(p, by_id.get(p["id"], [])) for p in corpus]
 
 
 def _dedupe(questions: list[_Question], seen: set[str]) -> list[_Question]:

@@ -28,14 +28,8 @@ such records are added, both built from the other worlds:
 
 By default a copy drill lists titles of the other worlds. Those recur from drill to drill, and a
 tiny model learns to complete them from memory rather than to copy: with ``fresh_copy_names`` the
-names are drawn afresh for every drill (:func:`mmoa.data.demo_world.fresh_names`), so only
-copying predicts the repeat. Reading drills have the same weakness: their passages are also in the
-text as plain passages and recur from drill to drill, so their answers can be memorised. With
-``fresh_reading_drills`` more reading drills come from small worlds of their own (seeds no other
-text uses), whose passages appear in that one drill and nowhere else: only reading answers them.
-``reading_sheets`` are denser still: two single-use passages, then every question about them
-with its answer (about two per passage), so most of a sheet's tokens after the passages are
-predicted by reading.
+names are drawn afresh for every drill (:func:`mmoa_demo.world.fresh_names`), so only
+copying predicts the repeat.
 """
 
 from __future__ import annotations
@@ -49,24 +43,12 @@ from pathlib import Path
 from typing import Any
 
 from mmoa.agents.candidates import doc_text
-from mmoa.data.demo_world import (
-    DemoWorldConfig,
-    fresh_names,
-    generate_demo_world,
-    passages_with_questions,
-)
 from mmoa.data.registry import register_datasets
 from mmoa.fileio import atomic_write_jsonl, iter_jsonl
+from mmoa_demo.world import DemoWorldConfig, fresh_names, generate_demo_world
 
 #: Seeds of the pre-training worlds; the demo world itself uses 42 by default.
 DEFAULT_SEEDS = (1001, 1002, 1003)
-#: Seeds of the single-use worlds of fresh reading drills start here, one world after another
-#: until there are enough drills (a world of 200 passages gives about 60: no passage is reused).
-FRESH_READING_SEED = 500_000
-FRESH_READING_WORLD = 200
-#: Seeds of the single-use worlds of reading sheets start here (a 200-passage world gives about
-#: 70 sheets of two passages).
-READING_SHEET_SEED = 600_000
 
 
 def reading_drill(question: dict[str, Any], passages: Sequence[dict[str, str]]) -> str:
@@ -84,21 +66,11 @@ def copy_drill(names: Sequence[str]) -> str:
     return f"Names: {listed}.\nThe same names again: {listed}."
 
 
-def reading_sheet(passages: Sequence[dict[str, str]], questions: Sequence[dict[str, Any]]) -> str:
-    """Passages, then questions about them, each followed by its answer."""
-    documents = "\n\n".join(doc_text(p) for p in passages)
-    asked = "\n".join(f"Question: {q['question']}\nAnswer: {q['answers'][0]}" for q in questions)
-    return f"{documents}\n\n{asked}"
-
-
 def text_kind(text: str) -> str:
-    """``passage``, ``reading``, ``sheet`` or ``copy``: which kind of record a pre-training text
-    is."""
+    """``passage``, ``reading`` or ``copy``: which kind of record a pre-training text is."""
     if text.startswith("Names: "):
         return "copy"
-    if "\nSub-questions: " in text:
-        return "reading"
-    return "sheet" if "\nQuestion: " in text else "passage"
+    return "reading" if "\nSub-questions: " in text else "passage"
 
 
 def build_pretrain_texts(
@@ -109,16 +81,12 @@ def build_pretrain_texts(
     drills: bool = True,
     copy_drills_per_passage: int = 1,
     fresh_copy_names: bool = False,
-    fresh_reading_drills: int = 0,
-    reading_sheets: int = 0,
 ) -> list[dict[str, str]]:
     """``{"text": ...}`` records from one demo world per seed, without the excluded titles.
 
     With ``drills``, each world also gives one reading drill per question (as many questions as
     passages) and ``copy_drills_per_passage`` copy drills per passage, of the world's titles or,
-    with ``fresh_copy_names``, of names drawn afresh for each drill. ``fresh_reading_drills``
-    adds that many reading drills whose passages appear nowhere else in the text, and
-    ``reading_sheets`` that many reading sheets (:func:`reading_sheet_texts`).
+    with ``fresh_copy_names``, of names drawn afresh for each drill.
     """
     excluded = set(exclude_titles)
     rng = random.Random(shuffle_seed)
@@ -145,75 +113,7 @@ def build_pretrain_texts(
             names = (fresh_names(rng, 8) if fresh_copy_names
                      else rng.sample(titles, min(len(titles), 8)))
             texts.append({"text": copy_drill(names)})
-    texts.extend(fresh_reading_texts(fresh_reading_drills, excluded, rng))
-    texts.extend(reading_sheet_texts(reading_sheets, excluded, rng))
     rng.shuffle(texts)
-    return texts
-
-
-def fresh_reading_texts(count: int, exclude_titles: set[str],
-                        rng: random.Random) -> list[dict[str, str]]:
-    """``count`` reading drills from small single-use worlds: each drill's passages (its
-    supporting passages and one distractor of the same world) occur in no other record."""
-    texts: list[dict[str, str]] = []
-    seed = FRESH_READING_SEED
-    while len(texts) < count:
-        world = generate_demo_world(DemoWorldConfig(
-            n_passages=FRESH_READING_WORLD, n_train=FRESH_READING_WORLD, n_dev=0, n_test=0,
-            seed=seed))
-        seed += 1
-        by_id = {p["id"]: p for p in world.corpus if p["title"] not in exclude_titles}
-        used: set[str] = set()
-        before = len(texts)
-        for question in world.splits["train"]:
-            support_ids = question.get("supporting_ids") or []
-            if not support_ids or used.intersection(support_ids) or not all(
-                    i in by_id for i in support_ids):
-                continue
-            others = [i for i in by_id if i not in used and i not in support_ids]
-            if not others:
-                break
-            distractor = rng.choice(others)
-            used.update([*support_ids, distractor])
-            passages = [*(by_id[i] for i in support_ids), by_id[distractor]]
-            rng.shuffle(passages)
-            texts.append({"text": reading_drill(question, passages)})
-            if len(texts) == count:
-                break
-        if len(texts) == before:
-            raise ValueError(f"world {seed - 1} gave no reading drill: are all its titles "
-                             "excluded?")
-    return texts
-
-
-def reading_sheet_texts(count: int, exclude_titles: set[str], rng: random.Random,
-                        passages_per_sheet: int = 2) -> list[dict[str, str]]:
-    """``count`` reading sheets from small single-use worlds: ``passages_per_sheet`` passages
-    and every one-hop question about them, in random order, each with its answer.
-
-    A reading drill asks one question per three passages; a sheet asks about four per two
-    (a passage answers about two questions), so reading is most of what predicts its tokens.
-    No passage is on two sheets, and the worlds are used by nothing else: the answers cannot be
-    memorised, only read.
-    """
-    texts: list[dict[str, str]] = []
-    seed = READING_SHEET_SEED
-    while len(texts) < count:
-        pairs = [(p, qs) for p, qs in passages_with_questions(DemoWorldConfig(
-            n_passages=FRESH_READING_WORLD, n_train=0, n_dev=0, n_test=1, seed=seed))
-            if qs and p["title"] not in exclude_titles]
-        seed += 1
-        if len(pairs) < passages_per_sheet:
-            raise ValueError(f"world {seed - 1} gave no reading sheet: are all its titles "
-                             "excluded?")
-        rng.shuffle(pairs)
-        for start in range(0, len(pairs) - passages_per_sheet + 1, passages_per_sheet):
-            sheet = pairs[start:start + passages_per_sheet]
-            questions = [q for _, qs in sheet for q in qs]
-            rng.shuffle(questions)
-            texts.append({"text": reading_sheet([p for p, _ in sheet], questions)})
-            if len(texts) == count:
-                break
     return texts
 
 
@@ -252,12 +152,6 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fresh-copy-names", action="store_true",
                         help="copy drills list names drawn afresh for every drill instead of "
                         "the worlds' titles (nothing to memorise: only copying predicts them)")
-    parser.add_argument("--fresh-reading-drills", type=int, default=0, metavar="N",
-                        help="add N reading drills from single-use worlds: their passages "
-                        "appear nowhere else, so only reading answers them (default 0)")
-    parser.add_argument("--reading-sheets", type=int, default=0, metavar="N",
-                        help="add N reading sheets (two passages of a single-use world and "
-                        "every question about them, with answers) (default 0)")
     parser.add_argument("--exclude-corpus", help="corpus.jsonl of the evaluation world: its "
                         "titles are left out of the pre-training text")
     return parser
@@ -271,14 +165,12 @@ def run(args: argparse.Namespace) -> int:
     texts = build_pretrain_texts(args.seeds, args.n_passages, excluded,
                                  drills=not args.no_drills,
                                  copy_drills_per_passage=args.copy_drills,
-                                 fresh_copy_names=args.fresh_copy_names,
-                                 fresh_reading_drills=args.fresh_reading_drills,
-                                 reading_sheets=args.reading_sheets)
+                                 fresh_copy_names=args.fresh_copy_names)
     path = write_pretrain_dataset(texts, args.dataset_dir, args.name)
     kinds = Counter(text_kind(t["text"]) for t in texts)
     print(f"pre-training text from worlds {args.seeds}: {len(texts)} records "
           f"({kinds['passage']} passages, {kinds['reading']} reading drills, "
-          f"{kinds['sheet']} reading sheets, {kinds['copy']} copy drills; "
+          f"{kinds['copy']} copy drills; "
           f"{len(excluded)} evaluation-world titles excluded) -> {path}")
     print(f"  registered as {args.name!r} in {args.dataset_dir}/dataset_info.json")
     return 0

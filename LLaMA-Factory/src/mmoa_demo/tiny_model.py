@@ -5,9 +5,8 @@ very same YAML (``template: llama3``) must work for this model and for a real Ll
 is a genuine ``LlamaForCausalLM`` (random init, seeded) and its tokenizer copies Llama-3's
 conventions exactly:
 
-* byte-level BPE with Llama-3's pre-tokenizer regex (or, with ``pre_tokenizer="names"``,
-  :data:`NAMES_SPLIT_PATTERN`) and no normaliser, so every text round-trips through
-  encode/decode byte for byte, and unseen characters fall back to byte tokens;
+* byte-level BPE with Llama-3's pre-tokenizer regex and no normaliser, so every text round-trips
+  through encode/decode byte for byte, and unseen characters fall back to byte tokens;
 * Llama-3's special tokens (``<|begin_of_text|>``, ``<|end_of_text|>``, the header tokens,
   ``<|eot_id|>``, ``<|eom_id|>``) already in the vocabulary, so llamafactory's ``llama3`` template
   adds no token and never needs ``resize_vocab``; no pad token (llamafactory sets pad = eos);
@@ -71,21 +70,6 @@ LLAMA3_SPLIT_PATTERN = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-#: An alternative regex (``pre_tokenizer="names"``): Llama-3's, except that a capitalised word
-#: never takes the character before it, as digits never do in Llama-3. With Llama-3's regex a name
-#: is tokenised one way after a space ("born in Velmora" -> "ĠVel", "m", "ora") and another way
-#: where the Generator writes it ("**Velmora**" -> "Vel", "m", "ora"): copying a name out of a
-#: document into the answer means re-spelling its first piece, which a real LLM has learned from
-#: trillions of tokens. Here a name's pieces are the same everywhere ("Ġ", "Vel", "m", "ora"), at
-#: +18 % tokens per passage. Not the default: in the demo's pre-training budget it did not make
-#: the tiny model read (see "The tiny model" in the README).
-NAMES_SPLIT_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?(?!\p{Lu})\p{L}+|\p{Lu}\p{L}*|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-#: The pre-tokenizer regexes a tiny model can be made with (``TinyModelConfig.pre_tokenizer``).
-SPLIT_PATTERNS = {"llama3": LLAMA3_SPLIT_PATTERN, "names": NAMES_SPLIT_PATTERN}
-
 #: Llama-3-style chat template matching llamafactory 0.9.5's ``llama3`` template token for token:
 #: bos first, "<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>" per message, no
 #: default system prompt (an empty system message is dropped, as llamafactory does), content is not
@@ -136,13 +120,8 @@ class TinyModelConfig:
     extra_text_weight: int = 100
     """How many times each extra text (prompt wording) is counted when training the tokenizer: a
     prompt is seen once per training example, so its words must outweigh one-off corpus words."""
-    pre_tokenizer: str = "llama3"
-    """Split regex of the tokenizer, a key of :data:`SPLIT_PATTERNS`."""
 
     def __post_init__(self) -> None:
-        if self.pre_tokenizer not in SPLIT_PATTERNS:
-            raise ValueError(f"pre_tokenizer={self.pre_tokenizer!r}: must be one of "
-                             f"{', '.join(SPLIT_PATTERNS)}")
         minimum_vocab = 256 + len(SPECIAL_TOKENS)
         if self.vocab_size < minimum_vocab:
             raise ValueError(
@@ -240,7 +219,7 @@ CHAT_HEADER_TEXTS: tuple[str, ...] = tuple(
 
 
 def demo_world_texts(world: Any) -> list[str]:
-    """Every string of a demo world (``mmoa.data.demo_world.DemoWorld``), in file order.
+    """Every string of a demo world (``mmoa_demo.world.DemoWorld``), in file order.
 
     The order is that of reading the files ``write_demo_world`` writes with
     :func:`default_text_files` (``corpus.jsonl`` then the splits by file name), so a model made
@@ -276,15 +255,13 @@ def train_tokenizer(
     extra_text_weight: int = TinyModelConfig.extra_text_weight,
     min_frequency: int = TinyModelConfig.min_frequency,
     model_max_length: int = TinyModelConfig.max_position_embeddings,
-    split_pattern: str = LLAMA3_SPLIT_PATTERN,
     show_progress: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Train a Llama-3-style byte-level BPE tokenizer on ``texts`` (+ weighted ``extra_texts``).
 
     Returns a ``PreTrainedTokenizerFast`` with bos ``<|begin_of_text|>``, eos ``<|eot_id|>`` (the
     chat end-of-turn, as in Llama-3-Instruct), no pad token and the Llama-3 chat template. The
-    words are split with ``split_pattern`` (one of :data:`SPLIT_PATTERNS`). The result depends
-    only on the texts and their order.
+    result depends only on the texts and their order.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -293,7 +270,7 @@ def train_tokenizer(
     # No normaliser and no prefix space: encode/decode is the identity on every string.
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(split_pattern), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT_PATTERN), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
         ]
     )
@@ -412,7 +389,6 @@ def make_tiny_model(
         extra_text_weight=config.extra_text_weight,
         min_frequency=config.min_frequency,
         model_max_length=config.max_position_embeddings,
-        split_pattern=SPLIT_PATTERNS[config.pre_tokenizer],
         show_progress=show_progress,
     )
     model = build_model(tokenizer, config)
@@ -423,7 +399,7 @@ def make_tiny_model(
         atomic_write_json(
             tmp / INFO_FILE,
             {
-                "made_by": "mmoa.tiny_model.make_tiny_model",
+                "made_by": "mmoa_demo.tiny_model.make_tiny_model",
                 "template": TEMPLATE_NAME,
                 "config": asdict(config),
                 "num_texts": len(texts),
