@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -165,11 +166,16 @@ def mappo_run(args: argparse.Namespace, work: Path, name: str, seed: int, agents
     overrides = [f"model_name_or_path={sft_model}", f"seed={seed}", f"output_dir={output}",
                  f"mappo_retriever_url={args.retriever_url}", f"mappo_top_k={args.k}",
                  f"mappo_agents={agents}", *args.mappo_overrides, *args.overrides]
-    checkpoint = _last_checkpoint(output)
-    if checkpoint is not None:
-        print(f"[{name}] resuming from {checkpoint}", flush=True)
-        overrides += [f"resume_from_checkpoint={checkpoint}", "overwrite_output_dir=false"]
-    _train(mappo_config, overrides, run_dir / "train.log")
+    trained = run_dir / "trained"  # the run finished; only its evaluation may be missing
+    if not trained.exists():
+        checkpoint = _last_checkpoint(output)
+        if checkpoint is not None:
+            print(f"[{name}] resuming from {checkpoint}", flush=True)
+            overrides += [f"resume_from_checkpoint={checkpoint}", "overwrite_output_dir=false"]
+        _train(mappo_config, overrides, run_dir / "train.log")
+        trained.touch()
+        for checkpoint in output.glob("checkpoint-*"):  # the final model is in output itself
+            shutil.rmtree(checkpoint)
     metrics = _evaluate(output, args, run_dir / "eval")
     return _finish(run_dir, {"seed": seed, "agents": agents, "model": str(output),
                              "test": _summary(metrics, run_dir / "eval"),
