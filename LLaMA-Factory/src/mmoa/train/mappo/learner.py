@@ -65,6 +65,10 @@ class PolicyWithValue(nn.Module):
         super().__init__()
         self.policy = policy
         self.v_head = value_head
+        #: Rows of very different lengths run in separate passes (see
+        #: :func:`response_hidden_and_logits`). Off under DeepSpeed ZeRO-3, where every pass
+        #: all-gathers the weights: all processes must then make the same number of passes.
+        self.group_by_length = True
         # A separate reference is kept out of the module tree: not trained, not saved.
         self._ref = [ref_model] if ref_model is not None else []
 
@@ -91,7 +95,7 @@ class PolicyWithValue(nn.Module):
 
     def forward(self, batch: SampleBatch, with_entropy: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        hidden, logits = response_hidden_and_logits(self.policy, batch)
+        hidden, logits = response_hidden_and_logits(self.policy, batch, self.group_by_length)
         logprobs = logprobs_from_logits(logits, batch.response_ids)
         values = self.v_head(hidden).float()
         entropy = entropy_from_logits(logits) if with_entropy else None
@@ -110,7 +114,7 @@ class PolicyWithValue(nn.Module):
                 "no reference policy: full fine-tuning needs a frozen reference model"
             )
         with context:
-            _, logits = response_hidden_and_logits(model, batch)
+            _, logits = response_hidden_and_logits(model, batch, self.group_by_length)
         return logprobs_from_logits(logits, batch.response_ids)
 
 
@@ -133,7 +137,8 @@ def _backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
     return decoder, head
 
 
-def response_hidden_and_logits(model: nn.Module, batch: SampleBatch
+def response_hidden_and_logits(model: nn.Module, batch: SampleBatch,
+                               group_by_length: bool = True
                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Last hidden states ``[B, T, H]`` and fp32 logits ``[B, T, V]`` at the positions that
     predict the response tokens only.
@@ -150,8 +155,8 @@ def response_hidden_and_logits(model: nn.Module, batch: SampleBatch
         return (gather_positions(out.hidden_states[-1], batch.positions),
                 gather_positions(out.logits, batch.positions).float())
     decoder, head = parts
-    groups = length_groups(batch.attention_mask.sum(dim=1).tolist())
-    if len(groups) == 1:
+    groups = length_groups(batch.attention_mask.sum(dim=1).tolist()) if group_by_length else []
+    if len(groups) <= 1:
         out = decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                       use_cache=False)
         hidden = gather_positions(out.last_hidden_state, batch.positions)

@@ -228,6 +228,10 @@ class MappoTrainer(Trainer):
         plugin.hf_ds_config.trainer_config_finalize(self.args, self.model, self.total_steps)
         engine, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
         unwrapped: PolicyWithValue = self.accelerator.unwrap_model(engine)
+        if self.zero_stage() == 3:
+            # every forward pass all-gathers the partitioned weights: the processes must make
+            # the same passes, whatever the lengths of their own samples
+            unwrapped.group_by_length = False
         if self.zero_stage() == 3 and unwrapped.reference_model is not None:
             # A frozen full copy was loaded partitioned (zero.Init): it needs an engine too.
             from trl.models.utils import prepare_deepspeed
