@@ -191,6 +191,30 @@ def paired_gain(sft_eval: Path, mappo_eval: Path) -> dict[str, float]:
     return {"gain": statistics.fmean(diffs), "gain_se": se, "n": len(diffs)}
 
 
+def _summarise(result: dict[str, Any], started: float) -> dict[str, Any]:
+    gains = [r["paired"]["gain"] for r in result["mappo"].values()]
+    sft = result["warm_start"]
+    return {
+        "sft_f1": sft["test"]["f1"], "sft_f1_se": sft["test"]["f1_se"],
+        "mappo_f1_mean": statistics.fmean(r["test"]["f1"] for r in result["mappo"].values())
+        if gains else None,
+        "mean_gain": statistics.fmean(gains) if gains else None,
+        "seeds_above_sft": sum(g > 0 for g in gains), "seeds": len(gains),
+        "runs_done": 1 + len(result["mappo"]) + len(result["ablation"]),
+        "target": "MAPPO above SFT in every seed, mean gain >= 0.02 F1",
+        "target_met": bool(gains) and all(g > 0 for g in gains)
+        and statistics.fmean(gains) >= 0.02,
+        "seconds_this_invocation": round(time.perf_counter() - started, 1),
+    }
+
+
+def _write_json(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The JSON so far (after every finished run, so a cut session still leaves its figures)."""
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.work_dir)
     started = time.perf_counter()
@@ -199,6 +223,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sft = warm_start(args, work)
     result["warm_start"] = sft
     print(f"[warm start] test F1 {100 * sft['test']['f1']:.1f}", flush=True)
+    result["summary"] = _summarise(result, started)
+    _write_json(args, result)
     sft_eval = Path(sft["test"]["eval_dir"])
     for seed in args.seeds:
         run_result = mappo_run(args, work, f"mappo_seed{seed}", seed, ",".join(AGENTS),
@@ -208,23 +234,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"[seed {seed}] test F1 {100 * run_result['test']['f1']:.1f} "
               f"(gain {100 * run_result['paired']['gain']:+.1f} "
               f"+- {100 * run_result['paired']['gain_se']:.1f})", flush=True)
+        result["summary"] = _summarise(result, started)
+        _write_json(args, result)
     for agent in args.ablation:
         run_result = mappo_run(args, work, f"only_{agent}", args.seeds[0], agent, sft["model"])
         run_result["paired"] = paired_gain(sft_eval, Path(run_result["test"]["eval_dir"]))
         result["ablation"][agent] = run_result
         print(f"[only {agent}] test F1 {100 * run_result['test']['f1']:.1f}", flush=True)
-    gains = [r["paired"]["gain"] for r in result["mappo"].values()]
-    result["summary"] = {
-        "sft_f1": sft["test"]["f1"], "sft_f1_se": sft["test"]["f1_se"],
-        "mappo_f1_mean": statistics.fmean(r["test"]["f1"] for r in result["mappo"].values())
-        if gains else None,
-        "mean_gain": statistics.fmean(gains) if gains else None,
-        "seeds_above_sft": sum(g > 0 for g in gains), "seeds": len(gains),
-        "target": "MAPPO above SFT in every seed, mean gain >= 0.02 F1",
-        "target_met": bool(gains) and all(g > 0 for g in gains)
-        and statistics.fmean(gains) >= 0.02,
-        "seconds_this_invocation": round(time.perf_counter() - started, 1),
-    }
+        result["summary"] = _summarise(result, started)
+        _write_json(args, result)
+    result["summary"] = _summarise(result, started)
+    _write_json(args, result)
     return result
 
 
@@ -299,9 +319,6 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     print()
     print(format_table(result))
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":
