@@ -11,7 +11,7 @@ from mmoa.precision import autocast, cpu_has_bf16, resolve_precision, train_over
 def test_cpu_bf16_is_read_from_the_cpu_flags() -> None:
     assert cpu_has_bf16("flags : fpu sse2 avx2 avx512f avx512_bf16 amx_tile")
     assert cpu_has_bf16("flags : fpu avx2 amx_bf16")
-    # AVX-512 without its BF16 extension emulates bf16 (measured 7-35x slower than fp32 on an
+    # AVX-512 without its BF16 extension emulates bf16 (measured 6-40x slower than fp32 on an
     # AVX2-only EPYC for SmolLM2's matrix shapes): not native
     assert not cpu_has_bf16("flags : fpu sse2 avx2 avx512f avx512bw")
     assert not cpu_has_bf16("")
