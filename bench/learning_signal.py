@@ -208,8 +208,10 @@ def _summarise(result: dict[str, Any], started: float) -> dict[str, Any]:
     }
 
 
-def _write_json(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    """The JSON so far (after every finished run, so a cut session still leaves its figures)."""
+def _record(args: argparse.Namespace, result: dict[str, Any], started: float) -> None:
+    """The summary and the JSON so far (after every finished run, so that a cut session still
+    leaves its figures)."""
+    result["summary"] = _summarise(result, started)
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
@@ -223,8 +225,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sft = warm_start(args, work)
     result["warm_start"] = sft
     print(f"[warm start] test F1 {100 * sft['test']['f1']:.1f}", flush=True)
-    result["summary"] = _summarise(result, started)
-    _write_json(args, result)
+    _record(args, result, started)
     sft_eval = Path(sft["test"]["eval_dir"])
     for seed in args.seeds:
         run_result = mappo_run(args, work, f"mappo_seed{seed}", seed, ",".join(AGENTS),
@@ -234,17 +235,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"[seed {seed}] test F1 {100 * run_result['test']['f1']:.1f} "
               f"(gain {100 * run_result['paired']['gain']:+.1f} "
               f"+- {100 * run_result['paired']['gain_se']:.1f})", flush=True)
-        result["summary"] = _summarise(result, started)
-        _write_json(args, result)
+        _record(args, result, started)
     for agent in args.ablation:
         run_result = mappo_run(args, work, f"only_{agent}", args.seeds[0], agent, sft["model"])
         run_result["paired"] = paired_gain(sft_eval, Path(run_result["test"]["eval_dir"]))
         result["ablation"][agent] = run_result
         print(f"[only {agent}] test F1 {100 * run_result['test']['f1']:.1f}", flush=True)
-        result["summary"] = _summarise(result, started)
-        _write_json(args, result)
-    result["summary"] = _summarise(result, started)
-    _write_json(args, result)
+        _record(args, result, started)
+    _record(args, result, started)
     return result
 
 

@@ -22,7 +22,7 @@ from mmoa.data.records import QARecord
 from mmoa.data.registry import load_dataset_records
 from mmoa.fileio import atomic_write_json, atomic_write_jsonl
 from mmoa.metrics import score_answer
-from mmoa.precision import PRECISION_CHOICES, autocast, resolve_precision
+from mmoa.precision import autocast, check_precision_name, resolve_precision
 
 PREDICTIONS_FILE = "predictions.jsonl"
 METRICS_FILE = "metrics.json"
@@ -57,9 +57,7 @@ class EvalConfig:
     def validate(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.precision not in PRECISION_CHOICES:
-            raise ValueError(f"precision must be one of {', '.join(PRECISION_CHOICES)}, "
-                             f"got {self.precision!r}")
+        check_precision_name(self.precision)
         if (self.dataset is None) == (self.data_file is None):
             raise ValueError("give exactly one of --dataset (a registered name) or --data_file")
         for name in ("k", "batch_size"):

@@ -9,6 +9,7 @@ was there before.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -29,6 +30,26 @@ def _umask() -> int:
 def _apply_default_mode(path: Path, directory: bool) -> None:
     """mkstemp/mkdtemp create private (0600/0700) entries; give them the usual umask mode."""
     os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
+def apply_umask_modes(folder: Path) -> None:
+    """Give ``folder`` and everything below it the usual (umask) modes.
+
+    Temporary entries are created private (0600/0700) and safetensors writes weights 0600; an
+    index or a model folder is usually shared (built by one user, served or trained by another).
+    """
+    mask = _umask()
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
+def sha256_file(path: PathLike, chunk_size: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in chunks (a multi-GB weights file need not fit in memory)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        while chunk := handle.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 @contextlib.contextmanager

@@ -33,7 +33,6 @@ import argparse
 import hashlib
 import json
 import logging
-import os
 import shlex
 import shutil
 import subprocess
@@ -46,7 +45,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mmoa.fileio import atomic_dir, atomic_write_json
+from mmoa.fileio import apply_umask_modes, atomic_dir, atomic_write_json, sha256_file
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -119,15 +118,6 @@ SMOLLM2_135M_INSTRUCT = ModelSource()
 
 class ModelFetchError(RuntimeError):
     """Getting, checking or converting the model failed; the message says what and how to fix it."""
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks (the weights do not need to fit in memory)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------
@@ -381,19 +371,6 @@ def _tool_versions() -> dict[str, str]:
     return versions
 
 
-def _apply_umask_modes(folder: Path) -> None:
-    """Give every file of ``folder`` the usual (umask) mode.
-
-    safetensors writes the weights file 0600; a model folder shared by several users or mounted
-    into a container must be readable like any other file.
-    """
-    mask = os.umask(0)
-    os.umask(mask)
-    for path in folder.iterdir():
-        if path.is_file():
-            path.chmod(0o666 & ~mask)
-
-
 def convert_gguf(gguf_path: Path, out_dir: Path, source: ModelSource) -> dict[str, Any]:
     """Dequantise ``gguf_path`` to a float32 HF folder in ``out_dir``; return provenance facts.
 
@@ -418,7 +395,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, source: ModelSource) -> dict[st
     # defaults (the GGUF carries no sampling parameters, and none are invented here).
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)  # tokenizer.json, tokenizer_config.json, chat template
-    _apply_umask_modes(out_dir)
+    apply_umask_modes(out_dir)  # safetensors writes the weights 0600
 
     reloaded_tokenizer = AutoTokenizer.from_pretrained(out_dir)
     reloaded = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32)

@@ -31,11 +31,16 @@ def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_precision(requested: str = "auto") -> Precision:
-    """``auto`` -> ``bf16`` on hardware with native bf16, else ``fp32``; others pass through."""
+def check_precision_name(requested: str) -> None:
+    """Raises ``ValueError`` unless ``requested`` is one of :data:`PRECISION_CHOICES`."""
     if requested not in PRECISION_CHOICES:
         raise ValueError(f"precision must be one of {', '.join(PRECISION_CHOICES)}, "
                          f"got {requested!r}")
+
+
+def resolve_precision(requested: str = "auto") -> Precision:
+    """``auto`` -> ``bf16`` on hardware with native bf16, else ``fp32``; others pass through."""
+    check_precision_name(requested)
     if requested != "auto":
         return requested  # type: ignore[return-value]
     import torch

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mmoa.fileio import PathLike, atomic_dir, atomic_write_json, iter_jsonl
+from mmoa.fileio import PathLike, atomic_dir, atomic_write_json, iter_jsonl, sha256_file
 
 if TYPE_CHECKING:
     from transformers import (
@@ -421,7 +421,7 @@ def directory_digest(path: PathLike) -> dict[str, str]:
     """sha256 of every file in a folder (relative name -> hex digest); used to check determinism."""
     folder = Path(path)
     return {
-        str(file.relative_to(folder)): hashlib.sha256(file.read_bytes()).hexdigest()
+        str(file.relative_to(folder)): sha256_file(file)
         for file in sorted(folder.rglob("*"))
         if file.is_file()
     }

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from mmoa.fileio import DataFormatError, atomic_dir, atomic_write_json
+from mmoa.fileio import DataFormatError, apply_umask_modes, atomic_dir, atomic_write_json
 from mmoa.retrieval.corpus import (
     CORPUS_FORMATS,
     CorpusStore,
@@ -105,20 +104,8 @@ def build_index(config: BuildConfig) -> IndexMeta:
                    "seconds": round(time.perf_counter() - started, 1)},
         )
         atomic_write_json(tmp / META_FILE, meta.to_json())
-        _apply_umask_permissions(tmp)
+        apply_umask_modes(tmp)
     return meta
-
-
-def _apply_umask_permissions(folder: Path) -> None:
-    """Give the folder and its files ordinary (umask) permissions.
-
-    Temporary files and folders are created private (0600/0700); an index is usually shared,
-    e.g. built by one user and served by another.
-    """
-    umask = os.umask(0)
-    os.umask(umask)
-    for path in [folder, *folder.rglob("*")]:
-        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 def add_encoder_arguments(parser: argparse.ArgumentParser, *, with_preset: bool = True) -> None:

@@ -172,7 +172,8 @@ def response_hidden_and_logits(model: nn.Module, batch: SampleBatch,
             parts_out.append(gather_positions(out.last_hidden_state, batch.positions[index]))
         order = torch.tensor([row for rows, _ in groups for row in rows],
                              device=batch.input_ids.device)
-        hidden = torch.empty_like(torch.cat(parts_out)).index_copy(0, order, torch.cat(parts_out))
+        grouped = torch.cat(parts_out)
+        hidden = torch.empty_like(grouped).index_copy(0, order, grouped)
     return hidden, head(hidden).float()
 
 
