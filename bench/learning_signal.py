@@ -126,6 +126,18 @@ def _training_tail(output_dir: Path, last: int = 5) -> dict[str, float]:
             if any(k in r for r in rows)}
 
 
+def _code_version() -> str:
+    """The commit the run trains with (``+dirty`` with uncommitted changes): runs of one table
+    must come from the same trainer code, and a resumed bench may span sessions."""
+    def git(*argv: str) -> str:
+        out = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True,
+                             check=False)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def _done(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / RESULT
     return json.loads(path.read_text()) if path.is_file() else None
@@ -167,6 +179,10 @@ def mappo_run(args: argparse.Namespace, work: Path, name: str, seed: int, agents
                  f"mappo_retriever_url={args.retriever_url}", f"mappo_top_k={args.k}",
                  f"mappo_agents={agents}", *args.mappo_overrides, *args.overrides]
     trained = run_dir / "trained"  # the run finished; only its evaluation may be missing
+    code = run_dir / "code_version.txt"  # the commit the run started with
+    if not code.is_file():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        code.write_text(_code_version() + "\n")
     if not trained.exists():
         checkpoint = _last_checkpoint(output)
         if checkpoint is not None:
@@ -178,6 +194,7 @@ def mappo_run(args: argparse.Namespace, work: Path, name: str, seed: int, agents
             shutil.rmtree(checkpoint)
     metrics = _evaluate(output, args, run_dir / "eval")
     return _finish(run_dir, {"seed": seed, "agents": agents, "model": str(output),
+                             "code_version": code.read_text().strip(),
                              "test": _summary(metrics, run_dir / "eval"),
                              "training_last_steps": _training_tail(output)}, started)
 

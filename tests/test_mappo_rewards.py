@@ -139,6 +139,9 @@ def test_generator_penalty() -> None:
     assert generator_penalty(thirty_one, DEFAULT) == Penalty(-0.5, ("too_long",))
     # No ** : no penalty by default (the answer is still extracted and scored).
     assert generator_penalty(parse_answer("Paris"), DEFAULT) == Penalty()
+    # A bold one-word answer followed by sixty words is a long output: penalised.
+    dodge = parse_answer("**Paris** " + " ".join(["w"] * 60))
+    assert generator_penalty(dodge, DEFAULT) == Penalty(-0.5, ("too_long",))
 
 
 def test_generator_format_penalty_adds_up() -> None:
@@ -221,8 +224,8 @@ def test_compute_agent_rewards_partial_pipeline_and_config() -> None:
     rewards = compute_agent_rewards(None, parse_selection("", 10), ans, ans.answer,
                                     "Sylve", config=cfg, metric="acc")
     # The answer is "the river Sylve" (the line after "Answer:"): its normal form "river sylve"
-    # contains "sylve": Acc 1; 3 words > 2 -> -1.0.
-    assert ans.answer == "the river Sylve" and ans.num_words == 3
+    # contains "sylve": Acc 1; 4 words written ("Answer:" included) > 2 -> -1.0.
+    assert ans.answer == "the river Sylve" and ans.num_words == 4
     assert rewards.agents == ("selector", "generator")
     assert rewards.totals == {"selector": 1.0, "generator": 0.0}
     with pytest.raises(KeyError, match="only \\['selector', 'generator'\\] acted"):

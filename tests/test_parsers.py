@@ -249,7 +249,8 @@ def test_generator_canonical() -> None:
 )
 def test_generator_bold_span(text: str, answer: str) -> None:
     out = parse_answer(text)
-    assert out.answer == answer and out.bold and out.num_words == len(answer.split())
+    assert out.answer == answer and out.bold and out.answer_words == len(answer.split())
+    assert out.num_words == len(text.replace("*", " ").split())  # everything written
 
 
 @pytest.mark.parametrize(
@@ -303,3 +304,12 @@ def test_generator_word_count_for_the_length_penalty() -> None:
     huge = "blah " * 10000
     out = parse_answer(huge)
     assert out.num_words == 10000 and not out.bold
+
+
+def test_generator_words_outside_the_bold_span_count() -> None:
+    """A short bold answer followed by a long text is a long output: the length penalty must
+    see the sixty words after ``**Paris**``, not the one inside it."""
+    out = parse_answer("**Paris** " + " ".join(["more"] * 60))
+    assert out.answer == "Paris" and out.answer_words == 1 and out.num_words == 61
+    out = parse_answer("Let me explain at length.\nAnswer: Paris")
+    assert out.answer == "Paris" and out.answer_words == 1 and out.num_words == 7

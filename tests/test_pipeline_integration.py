@@ -98,3 +98,71 @@ def test_trace_prompts_are_the_one_prompt_definition(tiny_model_dir: Path,
             assert call.prompt == prompt
             sft_prompt_ids, _ = pipeline.renderer.sft_ids(prompt, call.response_text)
             assert call.prompt_ids == sft_prompt_ids
+
+
+def _behaviour_ratios(tiny_model_dir: Path, tiny_world_dir: Path, tiny_server_url: str,
+                      *, constrained: bool, score_temperature: float) -> dict[str, float]:
+    """Roll out 4 questions with sampling at temperature 0.7 (no top-p), recording each token's
+    sampling log-prob, then score them as the MAPPO learner does."""
+    import copy
+
+    import torch
+
+    from mmoa.agents.pipeline import GenerationSettings, RagPipeline
+    from mmoa.modeling import load_for_inference
+    from mmoa.train.mappo.learner import (
+        PolicyWithValue,
+        PPOConfig,
+        PPOLearner,
+        behaviour_ratio_stats,
+    )
+    from mmoa.train.mappo.samples import Sample
+    from mmoa.train.mappo.value_head import ValueHead
+
+    model, tokenizer = load_for_inference(tiny_model_dir, "llama3")
+    torch.manual_seed(0)
+    settings = GenerationSettings(do_sample=True, temperature=0.7, top_p=1.0, top_k=0,
+                                  max_new_tokens={"qr": 16, "selector": 12, "generator": 8},
+                                  constrained_selector=constrained, record_logprobs=True)
+    pipeline = RagPipeline(model, tokenizer, "llama3", RetrievalClient(tiny_server_url), k=5,
+                           settings=settings)
+    records = load_qa(tiny_world_dir / "dev.jsonl", "demo")[:4]
+    samples = [Sample(call.agent, call.prompt_ids, call.response_ids, 0.0,
+                      call.sampling_logprobs)
+               for trace in pipeline.run([r.question for r in records])
+               for call in trace.calls.values()]
+    assert all(len(s.sampling_logprobs or []) == len(s.response_ids) for s in samples)
+    policy = PolicyWithValue(model, ValueHead(model.config.hidden_size),
+                             ref_model=copy.deepcopy(model), temperature=score_temperature)
+    learner = PPOLearner(policy, torch.optim.SGD(policy.parameters(), lr=0.0), PPOConfig(),
+                         pad_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    return behaviour_ratio_stats(learner.prepare(samples))
+
+
+def test_the_scored_policy_is_the_sampled_one(tiny_model_dir: Path, tiny_world_dir: Path,
+                                              tiny_server_url: str) -> None:
+    """Old log-probs taken at the sampling temperature equal the log-probs the tokens were drawn
+    with (ratio 1 up to float noise); taken at temperature 1, as before, they do not."""
+    at_sampling = _behaviour_ratios(tiny_model_dir, tiny_world_dir, tiny_server_url,
+                                    constrained=False, score_temperature=0.7)
+    assert at_sampling["behaviour_ratio/mean"] == pytest.approx(1.0, abs=1e-4)
+    assert 1 - 1e-3 < at_sampling["behaviour_ratio/min"] <= at_sampling[
+        "behaviour_ratio/max"] < 1 + 1e-3
+    at_one = _behaviour_ratios(tiny_model_dir, tiny_world_dir, tiny_server_url,
+                               constrained=False, score_temperature=1.0)
+    assert abs(at_one["behaviour_ratio/mean"] - 1.0) > 0.05 or \
+        at_one["behaviour_ratio/max"] - at_one["behaviour_ratio/min"] > 0.1
+
+
+def test_the_selector_grammar_only_narrows_the_sampler(tiny_model_dir: Path,
+                                                       tiny_world_dir: Path,
+                                                       tiny_server_url: str) -> None:
+    """Under the grammar mask the sampler renormalises over the allowed tokens, so the scored
+    probability (the model's own distribution) is at most the sampled one: ratio <= 1 for the
+    Selector, still 1 for the unconstrained agents."""
+    stats = _behaviour_ratios(tiny_model_dir, tiny_world_dir, tiny_server_url,
+                              constrained=True, score_temperature=0.7)
+    assert stats["behaviour_ratio/selector"] < 1.0
+    assert stats["behaviour_ratio/max"] < 1 + 1e-3
+    for agent in ("qr", "generator"):
+        assert stats[f"behaviour_ratio/{agent}"] == pytest.approx(1.0, abs=1e-4)

@@ -184,8 +184,9 @@ _ANSWER_LABEL = re.compile(r"answer\s*:", re.IGNORECASE)
 @dataclass(frozen=True)
 class AnswerParse:
     """The Generator's parsed output: the answer, whether it came in the prescribed ``**answer**``
-    form (``bold``, which is what well-formed means here) and its length in words, which the
-    length penalty uses."""
+    form (``bold``, which is what well-formed means here) and the length in words of everything
+    the Generator wrote (``num_words``, which the length penalty uses: counting only the bold
+    span would let ``"**Paris** "`` followed by sixty words pass as a one-word answer)."""
 
     answer: str
     bold: bool
@@ -194,6 +195,11 @@ class AnswerParse:
     @property
     def well_formed(self) -> bool:
         return self.bold
+
+    @property
+    def answer_words(self) -> int:
+        """Length of the extracted answer in words (what the evaluation reports)."""
+        return len(self.answer.split())
 
 
 def parse_answer(text: str) -> AnswerParse:
@@ -205,15 +211,21 @@ def parse_answer(text: str) -> AnswerParse:
     Stray ``*`` are removed and the result is trimmed. In the last case line breaks are kept, so
     :func:`mmoa.metrics.extract_answer` can still cut a reasoning preamble at scoring time.
     """
+    written = _count_words(text)
     match = _BOLD_SPAN.search(text)
     if match:
         answer = " ".join(match.group(1).split())
-        return AnswerParse(answer=answer, bold=True, num_words=len(answer.split()))
+        return AnswerParse(answer=answer, bold=True, num_words=written)
     labels = list(_ANSWER_LABEL.finditer(text))
     if labels:
         rest = text[labels[-1].end() :].replace("*", "")
         lines = [line.strip() for line in rest.splitlines() if line.strip()]
         if lines:
-            return AnswerParse(answer=lines[0], bold=False, num_words=len(lines[0].split()))
+            return AnswerParse(answer=lines[0], bold=False, num_words=written)
     answer = text.replace("*", "").strip()
-    return AnswerParse(answer=answer, bold=False, num_words=len(answer.split()))
+    return AnswerParse(answer=answer, bold=False, num_words=written)
+
+
+def _count_words(text: str) -> int:
+    """Words of a Generator output as written; markup asterisks are not words."""
+    return len(text.replace("*", " ").split())

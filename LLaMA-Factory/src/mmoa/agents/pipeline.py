@@ -77,6 +77,11 @@ class GenerationSettings:
         default_factory=lambda: {"qr": 100, "selector": 32, "generator": 100}
     )
     constrained_selector: bool = True
+    #: Keep the log-probability of each sampled token under the distribution it was drawn from
+    #: (after temperature, top-p and the Selector's grammar mask): ``AgentCall.sampling_logprobs``.
+    #: A diagnostic of how far the scored policy is from the sampling one; it asks ``generate``
+    #: for every step's scores, a ``[batch, vocab]`` tensor per new token, so it is off by default.
+    record_logprobs: bool = False
 
 
 @dataclass
@@ -88,6 +93,9 @@ class AgentCall:
     prompt_ids: list[int]
     response_ids: list[int]
     response_text: str
+    #: ``log p(token)`` of each response token under the sampling distribution, when
+    #: ``GenerationSettings.record_logprobs`` is on; else ``None``.
+    sampling_logprobs: list[float] | None = None
 
 
 @dataclass
@@ -286,13 +294,23 @@ class RagPipeline:
             from transformers import LogitsProcessorList
 
             kwargs["logits_processor"] = LogitsProcessorList([processor_for(width)])
+        if settings.record_logprobs:
+            kwargs.update(output_scores=True, return_dict_in_generate=True)
         output = self.model.generate(
             input_ids=input_ids.to(device), attention_mask=attention.to(device), **kwargs
         )
+        sequences = output.sequences if settings.record_logprobs else output
+        sampled = None
+        if settings.record_logprobs:
+            # scores[t] is the processed distribution step t sampled from ([batch, vocab])
+            new_tokens = sequences[:, width:]
+            sampled = torch.stack([
+                torch.log_softmax(step.float(), dim=-1).gather(1, new_tokens[:, t: t + 1])[:, 0]
+                for t, step in enumerate(output.scores)], dim=1).tolist()
         stop_set = set(stop_ids)
         calls = []
         for row, prompt in enumerate(prompts):
-            generated = output[row, width:].tolist()
+            generated = sequences[row, width:].tolist()
             response: list[int] = []
             for token in generated:
                 response.append(token)
@@ -305,5 +323,6 @@ class RagPipeline:
                 prompt_ids=prompt_ids[row],
                 response_ids=response,
                 response_text=self.tokenizer.decode(text_ids, skip_special_tokens=True).strip(),
+                sampling_logprobs=sampled[row][: len(response)] if sampled is not None else None,
             ))
         return calls

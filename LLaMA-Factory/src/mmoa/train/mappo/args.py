@@ -57,6 +57,11 @@ class MappoArguments:
     mappo_constrained_selector: bool = field(
         default=True, metadata={"help": "Grammar-constrained Selector decoding."}
     )
+    mappo_log_behaviour_ratio: bool = field(
+        default=False,
+        metadata={"help": "Log behaviour_ratio/*: the scored over the sampled probability of "
+                          "each rollout token (costs the scores of every generation step)."},
+    )
 
     # rewards and penalties
     mappo_reward_metric: str = field(default="f1", metadata={"help": "f1, em or acc."})

@@ -58,13 +58,23 @@ class PolicyWithValue(nn.Module):
     ``forward`` returns response-aligned log-probs, values and entropies for a
     :class:`SampleBatch`; the reference log-probs come from the same weights with the adapter
     disabled (LoRA) or from ``ref_model`` (full fine-tuning).
+
+    ``temperature`` is the rollouts' sampling temperature: every log-prob (new, old, reference)
+    and the entropy are those of ``softmax(logits / temperature)``, the distribution the tokens
+    were drawn from, as in current TRL. Top-p truncation and the Selector's grammar mask are not
+    applied when scoring: they act as the sampler's support, while the policy that is optimised
+    and kept near the reference is the model's own distribution at that temperature (see
+    :mod:`mmoa.train.mappo.trainer`, "behaviour policy").
     """
 
     def __init__(self, policy: nn.Module, value_head: ValueHead,
-                 ref_model: nn.Module | None = None) -> None:
+                 ref_model: nn.Module | None = None, temperature: float = 1.0) -> None:
         super().__init__()
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
         self.policy = policy
         self.v_head = value_head
+        self.temperature = float(temperature)
         #: Rows of very different lengths run in separate passes (see
         #: :func:`response_hidden_and_logits`). Off under DeepSpeed ZeRO-3, where every pass
         #: all-gathers the weights: all processes must then make the same number of passes.
@@ -96,6 +106,7 @@ class PolicyWithValue(nn.Module):
     def forward(self, batch: SampleBatch, with_entropy: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         hidden, logits = response_hidden_and_logits(self.policy, batch, self.group_by_length)
+        logits = self._scaled(logits)
         logprobs = logprobs_from_logits(logits, batch.response_ids)
         values = self.v_head(hidden).float()
         entropy = entropy_from_logits(logits) if with_entropy else None
@@ -115,7 +126,10 @@ class PolicyWithValue(nn.Module):
             )
         with context:
             _, logits = response_hidden_and_logits(model, batch, self.group_by_length)
-        return logprobs_from_logits(logits, batch.response_ids)
+        return logprobs_from_logits(self._scaled(logits), batch.response_ids)
+
+    def _scaled(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits if self.temperature == 1.0 else logits / self.temperature
 
 
 def _backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:
@@ -395,6 +409,38 @@ class PPOLearner:
         mean_kl = float(kl_per_sample.mean())
         self.kl_ctl.update(mean_kl, len(rollout.samples))
         return mean_kl
+
+
+def behaviour_ratio_stats(rollout: Rollout) -> dict[str, float]:
+    """How far the scored policy is from the one the rollout sampled from.
+
+    For every response token with a recorded sampling log-prob, ``r = exp(old - sampled)``: the
+    old log-prob as the learner scores it, over the log-prob under the sampler's distribution.
+    Scored at the sampling temperature with no truncation, ``r`` is 1 up to float noise; top-p and
+    the Selector's grammar mask make ``r <= 1`` where they cut the support (the sampler
+    renormalises over fewer tokens). Returns ``behaviour_ratio/mean``, ``/std``, ``/min`` and
+    ``/max`` over all such tokens, and the mean per agent; empty when nothing was recorded.
+    """
+    ratios: list[torch.Tensor] = []
+    per_agent: dict[str, list[torch.Tensor]] = defaultdict(list)
+    for row, sample in enumerate(rollout.samples):
+        if sample.sampling_logprobs is None:
+            continue
+        n = len(sample.sampling_logprobs)
+        sampled = torch.tensor(sample.sampling_logprobs, dtype=torch.float32)
+        ratio = torch.exp(rollout.old_logprobs[row, :n].detach().float().cpu() - sampled)
+        ratios.append(ratio)
+        per_agent[sample.agent].append(ratio)
+    if not ratios:
+        return {}
+    every = torch.cat(ratios)
+    out = {"behaviour_ratio/mean": float(every.mean()),
+           "behaviour_ratio/std": float(every.std(unbiased=False)),
+           "behaviour_ratio/min": float(every.min()),
+           "behaviour_ratio/max": float(every.max())}
+    for agent, parts in per_agent.items():
+        out[f"behaviour_ratio/{agent}"] = float(torch.cat(parts).mean())
+    return out
 
 
 def _pad_cat(chunks: list[torch.Tensor], width: int) -> torch.Tensor:

@@ -20,10 +20,11 @@ Selector, ``-1.0`` when any rule fires:
     an output that is not exactly ``DocumentI,DocumentJ,...``, an id outside ``0..K-1``, or a
     repeated id. An empty output (no document selected) is well-formed and not penalised, as in
     the original; ``selector_penalize_empty`` can change that.
-Generator, ``-0.5`` when the answer has more than 30 words:
-    the paper's value (the original code used ``-1.0``). Words are counted in the extracted answer
-    (:attr:`AnswerParse.num_words`), which is what the shared reward scores; the original, which
-    scored the whole output, counted the whole output. An answer without the ``**answer**`` form
+Generator, ``-0.5`` when the output has more than 30 words:
+    the paper's value (the original code used ``-1.0``). Words are counted over everything the
+    Generator wrote (:attr:`AnswerParse.num_words`), as the original did: counting only the
+    extracted ``**answer**`` would let a bold short answer followed by any amount of text pass
+    unpenalised. An answer without the ``**answer**`` form
     costs ``generator_format_penalty``, 0 by default: the SFT warm start already teaches the form,
     and the answer is still extracted and scored without it. Length and format penalties add up.
 """
@@ -142,8 +143,8 @@ def selector_penalty(parse: SelectionParse, config: PenaltyConfig) -> Penalty:
 
 def generator_penalty(parse: AnswerParse, config: PenaltyConfig) -> Penalty:
     """The Generator's penalty; reasons ``too_long`` (more than ``generator_max_words`` words in
-    the answer) and ``not_bold`` (no ``**answer**``, only if ``generator_format_penalty != 0``),
-    whose values add up."""
+    the whole output) and ``not_bold`` (no ``**answer**``, only if
+    ``generator_format_penalty != 0``), whose values add up."""
     value = 0.0
     reasons: list[str] = []
     if config.generator_penalty != 0 and parse.num_words > config.generator_max_words:

@@ -24,6 +24,9 @@ class Sample:
     prompt_ids: list[int]
     response_ids: list[int]
     score: float
+    #: Log-probs of the response tokens under the distribution they were sampled from (only when
+    #: the rollout recorded them; see :func:`mmoa.train.mappo.learner.behaviour_ratio_stats`).
+    sampling_logprobs: list[float] | None = None
 
 
 @dataclass

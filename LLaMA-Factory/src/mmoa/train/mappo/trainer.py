@@ -12,6 +12,16 @@ with the trl it installs):
 
 Checkpoints hold everything needed to continue bit-for-bit: weights (adapter or full), value
 head, optimiser, scheduler, KL controller, RNG states and the data position.
+
+Behaviour policy. Rollouts sample at ``mappo_temperature`` with ``mappo_top_p`` and, for the
+Selector, a grammar mask. Old, new and reference log-probs are all taken from
+``softmax(logits / mappo_temperature)`` over the whole vocabulary (as current TRL does): the
+temperature is part of the optimised policy, so the first epoch's ratio is that of the sampler.
+Top-p and the grammar mask only narrow the sampler's support: the policy that is optimised,
+and kept near the reference by the KL term, is the model's own tempered distribution, and the
+gradient on a sampled Selector token also lowers the probability of tokens the grammar forbids
+(which greedy evaluation, also masked, never emits). ``mappo_log_behaviour_ratio`` logs the
+scored over the sampled probability of every token (1 where nothing was cut).
 """
 
 from __future__ import annotations
@@ -38,7 +48,12 @@ from mmoa.agents.render import PromptRenderer
 from mmoa.data.records import QARecord
 from mmoa.fileio import atomic_dir, atomic_write_json
 from mmoa.train.mappo.args import MappoArguments
-from mmoa.train.mappo.learner import PolicyWithValue, PPOConfig, PPOLearner
+from mmoa.train.mappo.learner import (
+    PolicyWithValue,
+    PPOConfig,
+    PPOLearner,
+    behaviour_ratio_stats,
+)
 from mmoa.train.mappo.log import mappo_logger
 from mmoa.train.mappo.rewards import PenaltyConfig, compute_agent_rewards
 from mmoa.train.mappo.samples import Sample
@@ -165,6 +180,7 @@ class MappoTrainer(Trainer):
             top_p=self.mappo_args.mappo_top_p,
             max_new_tokens=self.mappo_args.max_new_tokens(),
             constrained_selector=self.mappo_args.mappo_constrained_selector,
+            record_logprobs=self.mappo_args.mappo_log_behaviour_ratio,
         )
         pipeline = RagPipeline(policy, self.processing_class, self.renderer, self.retriever,
                                mode="qr_s_g", k=self.mappo_args.mappo_top_k, settings=settings)
@@ -198,7 +214,7 @@ class MappoTrainer(Trainer):
             for agent in self.mappo_args.optimized_agents:
                 call = trace.calls[agent]
                 samples.append(Sample(agent, call.prompt_ids, call.response_ids,
-                                      rewards.totals[agent]))
+                                      rewards.totals[agent], call.sampling_logprobs))
         summary = {k: float(np.mean(v)) for k, v in logs.items()}
         summary["reward"] = float(np.mean([s.score for s in samples])) if samples else 0.0
         return samples, summary
@@ -334,6 +350,7 @@ class MappoTrainer(Trainer):
         with self.accelerator.autocast():
             rollout = learner.prepare(samples)
         t2 = time.perf_counter()
+        logs.update(behaviour_ratio_stats(rollout))
         stats = learner.update(rollout)
         kl = learner.update_kl(rollout)
         if self.lr_scheduler is not None:
