@@ -111,6 +111,7 @@ def _summary(metrics: dict[str, Any], eval_dir: Path) -> dict[str, Any]:
         "mean_selected": selector.get("mean_selected"),
         "mean_answer_words": generator.get("mean_answer_words"),
         "well_formed": {a: agents.get(a, {}).get("well_formed_rate") for a in AGENTS},
+        "scoring": metrics.get("scoring", {}).get("profile", "mmoa"),
         "eval_dir": str(eval_dir),
     }
 
@@ -135,7 +136,10 @@ def _code_version() -> str:
         return out.stdout.strip() if out.returncode == 0 else ""
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    # the code a run depends on; the results this bench writes are not
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", "LLaMA-Factory",
+                  "evaluate", "bench/learning_signal.py")
+    return commit + ("+dirty" if changed else "")
 
 
 def _done(run_dir: Path) -> dict[str, Any] | None:
@@ -267,6 +271,16 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}"
 
 
+def _scoring_lines(result: dict[str, Any]) -> list[str]:
+    """What the F1 / EM / Acc columns were scored with (the eval runs here use the default
+    profile; a summary written before profiles were recorded used it too)."""
+    from mmoa.metrics import get_profile
+
+    runs = [result["warm_start"], *result["mappo"].values(), *result["ablation"].values()]
+    labels = dict.fromkeys(r["test"].get("scoring", "mmoa") for r in runs)
+    return [f"scoring {get_profile(label).describe()}" for label in labels]
+
+
 def format_table(result: dict[str, Any]) -> str:
     header = (f"{'run':<24}{'F1':>6}{'+-SE':>6}{'EM':>6}{'Acc':>6}{'gain':>7}{'+-SE':>6}"
               f"{'cand rec':>9}{'S prec':>7}{'S rec':>7}{'S sel':>6}{'G words':>8}")
@@ -292,6 +306,7 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(row(f"MAPPO only {agent}", r["test"], r["paired"]))
     s = result["summary"]
     lines.append("-" * len(header))
+    lines.extend(_scoring_lines(result))
     lines.append(f"MAPPO above SFT in {s['seeds_above_sft']} of {s['seeds']} seeds, mean gain "
                  f"{_pct(s['mean_gain'])} F1; target met: {s['target_met']}")
     return "\n".join(lines)

@@ -327,9 +327,9 @@ def test_load_2wiki(tmp_path: Path) -> None:
     assert load_qa(write_jsonl(tmp_path / "dev.jsonl", TWOWIKI), "2wiki") == records
 
 
-def test_load_ambigqa(tmp_path: Path) -> None:
+def test_load_ambigqa_union(tmp_path: Path) -> None:
     path = write_json(tmp_path / "dev_light.json", AMBIG)
-    records = load_qa(path, "ambigqa")
+    records = load_qa(path, "ambigqa", ambigqa_answers="union")
     assert records[0] == QARecord(
         id="-4469503464110108318",
         question="When did the simpsons first air on television?",
@@ -343,7 +343,58 @@ def test_load_ambigqa(tmp_path: Path) -> None:
         answers=["Linda Davis"],
         type="singleAnswer",
     )
-    assert load_qa(path) == records
+    assert load_qa(path, ambigqa_answers="union") == records
+
+
+# The full AmbigNQ release (ambignq/dev.json): the light fields plus the NQ-open answers
+# "nq_answer" (tokenised as NQ gives them) and other metadata.
+AMBIG_FULL = [
+    AMBIG[0] | {"nq_answer": ["December 17 , 1989"], "nq_doc_title": "The Simpsons",
+                "viewed_doc_titles": ["The Simpsons"],
+                "used_queries": [{"query": "simpsons first air", "results": []}]},
+    AMBIG[1] | {"nq_answer": ["Linda Davis", "Linda Kaye Davis"],
+                "nq_doc_title": "Does He Love You", "viewed_doc_titles": [], "used_queries": []},
+]  # fmt: skip
+
+
+def test_load_ambigqa_scores_the_papers_answer_set_by_default(tmp_path: Path) -> None:
+    # MMOA-RAG scores AmbigQA against nq_answer, not against the annotations' pooled answers.
+    path = write_json(tmp_path / "dev.json", AMBIG_FULL)
+    records = load_qa(path)
+    assert [r.answers for r in records] == [["December 17 , 1989"],
+                                            ["Linda Davis", "Linda Kaye Davis"]]
+    assert [r.type for r in records] == ["multipleQAs", "singleAnswer"]
+    assert load_qa(path, "ambigqa", ambigqa_answers="nq_answer") == records
+    # the original code's literal rule: one ", "-joined gold string
+    joined = load_qa(path, ambigqa_answers="nq_answer_joined")
+    assert [r.answers for r in joined] == [["December 17 , 1989"],
+                                           ["Linda Davis, Linda Kaye Davis"]]
+    # the union is still one option away
+    union = load_qa(path, ambigqa_answers="union")
+    assert union[0].answers == ["April 19, 1987", "December 17, 1989", "17 December 1989"]
+
+
+def test_ambigqa_light_release_needs_the_union_option(tmp_path: Path) -> None:
+    path = write_json(tmp_path / "dev_light.json", AMBIG)
+    with pytest.raises(DataFormatError, match=re.escape(
+            f"{path}: record 0: field 'nq_answer' is missing; AmbigQA is scored against the "
+            "NQ-open answers")) as info:
+        load_qa(path)
+    assert "--ambigqa_answers union" in str(info.value)
+    with pytest.raises(ValueError, match="unknown AmbigQA answer set 'all'"):
+        load_qa(path, ambigqa_answers="all")
+
+
+def test_ambigqa_answer_set_through_the_registry(tmp_path: Path) -> None:
+    from mmoa.data.registry import load_dataset_records, register_datasets
+
+    write_json(tmp_path / "dev_light.json", AMBIG)
+    register_datasets(tmp_path, {"ambig_dev": {"file_name": "dev_light.json",
+                                               "mmoa_format": "ambigqa"}})
+    records = load_dataset_records("ambig_dev", tmp_path, None, ambigqa_answers="union")
+    assert records[1].answers == ["Linda Davis"]
+    with pytest.raises(DataFormatError, match="'nq_answer' is missing"):
+        load_dataset_records("ambig_dev", tmp_path, None)
 
 
 def test_load_flashrag(tmp_path: Path) -> None:

@@ -10,11 +10,14 @@ from collections import Counter
 import pytest
 
 from mmoa.metrics import (
+    DEFAULT_PROFILE,
+    SCORING_PROFILES,
     QAScores,
     accuracy,
     exact_match,
     extract_answer,
     f1_score,
+    get_profile,
     mean_scores,
     normalize_answer,
     normalize_unicode_punctuation,
@@ -396,3 +399,127 @@ def test_yes_no_rule_only_changes_yes_no_pairs() -> None:
                 continue
             expected = max(expected, float(_squad_f1_score(pred, gold)))
         assert ours.f1 == expected, (pred, golds)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring profiles: one name for normaliser + extraction + yes/no rule
+# ---------------------------------------------------------------------------------------------
+
+# Predictions that carry extraction markers or yes/no: where the profiles differ most.
+_MARKED = ["Reasoning\n\nAnswer: Paris", "The answer is: yes", "Answer: U.S.", "yes\n\nno",
+           "Let me think.\n\nThe answer is: Barack Obama", "noanswer"]
+
+
+def _profile_pairs() -> list[tuple[str, list[str]]]:
+    golds = ["Paris", "yes", "no", "US", "U.S.", "Barack Obama", "noanswer"]
+    return _parity_pairs() + [(p, [g]) for p in _MARKED for g in golds]
+
+
+def test_profiles_bundle_the_three_choices() -> None:
+    assert sorted(SCORING_PROFILES) == ["hotpotqa", "mmoa", "squad"]
+    assert DEFAULT_PROFILE == "mmoa"
+    mmoa, squad, hotpot = (get_profile(n) for n in ("mmoa", "squad", "hotpotqa"))
+    assert (mmoa.normalizer, mmoa.extract, mmoa.yes_no_rule) == ("mmoa", True, True)
+    assert (squad.normalizer, squad.extract, squad.yes_no_rule) == ("squad", False, False)
+    assert (hotpot.normalizer, hotpot.extract, hotpot.yes_no_rule) == ("squad", False, True)
+    assert get_profile(squad) is squad
+    assert squad.as_dict()["profile"] == "squad"
+    assert squad.describe().startswith(
+        "squad: squad normaliser, no answer extraction, no yes/no rule")
+    with pytest.raises(ValueError, match="unknown scoring profile 'nope'"):
+        score_answer("x", "x", profile="nope")
+
+
+def test_us_abbreviation_under_each_profile() -> None:
+    # mmoa: "U.S." -> "u s" (2 tokens) vs "US" -> "us": no common token, F1 0, EM 0, Acc 0
+    # squad: "U.S." -> "us" == "us": F1 1, EM 1, Acc 1 (what the official script reports)
+    assert score_answer("U.S.", "US") == QAScores(0.0, 0.0, 0.0, 0.0, 0.0)
+    assert score_answer("U.S.", "US", profile="squad") == QAScores(1.0, 1.0, 1.0, 1.0, 1.0)
+    assert score_answer("U.S.", "US", profile="hotpotqa").f1 == 1.0
+
+
+def test_squad_profile_neither_extracts_nor_applies_the_yes_no_rule() -> None:
+    # "The answer is: Paris" -> squad "answer is paris" (3 tokens) vs "paris":
+    # P = 1/3, R = 1, F1 = 2*(1/3)/(4/3) = 0.5; Acc 1 (substring); EM 0.
+    s = score_answer("The answer is: Paris", "Paris", profile="squad")
+    assert (s.acc, s.em, s.f1) == (1.0, 0.0, pytest.approx(0.5))
+    # the default profile cuts the prediction to "Paris": all 1
+    assert score_answer("The answer is: Paris", "Paris").f1 == 1.0
+    # "yes it is" vs "yes": squad P = 1/3, R = 1, F1 0.5; mmoa and hotpotqa: 0 (yes/no rule)
+    assert score_answer("Yes, it is.", "yes", profile="squad").f1 == pytest.approx(0.5)
+    assert score_answer("Yes, it is.", "yes", profile="hotpotqa").f1 == 0.0
+    assert score_answer("Yes, it is.", "yes").f1 == 0.0
+
+
+def test_squad_profile_alone_matches_the_official_script() -> None:
+    # The old `normalizer="squad"` kept extraction and the yes/no rule; the profile needs no
+    # further flags to give the official figures.
+    for pred, golds in _profile_pairs():
+        ours = score_answer(pred, golds, profile="squad")
+        assert ours.em == float(
+            _squad_metric_max_over_ground_truths(_squad_exact_match_score, pred, golds)
+        ), (pred, golds)
+        assert ours.f1 == float(
+            _squad_metric_max_over_ground_truths(_squad_f1_score, pred, golds)
+        ), (pred, golds)
+        assert f1_score(pred, golds, profile="squad") == ours.f1
+        assert exact_match(pred, golds, profile="squad") == ours.em
+
+
+# The official HotpotQA `hotpot_evaluate_v1.py` answer metrics, re-implemented independently of
+# mmoa.metrics: SQuAD's normaliser, the yes/no/noanswer rule in f1_score, one gold per question.
+
+
+def _hotpot_f1_score(prediction: str, ground_truth: str) -> tuple[float, float, float]:
+    normalized_prediction = _squad_normalize_answer(prediction)
+    normalized_ground_truth = _squad_normalize_answer(ground_truth)
+    zero_metric = (0, 0, 0)
+    if (normalized_prediction in ["yes", "no", "noanswer"]
+            and normalized_prediction != normalized_ground_truth):
+        return zero_metric
+    if (normalized_ground_truth in ["yes", "no", "noanswer"]
+            and normalized_prediction != normalized_ground_truth):
+        return zero_metric
+    prediction_tokens = normalized_prediction.split()
+    ground_truth_tokens = normalized_ground_truth.split()
+    common = Counter(prediction_tokens) & Counter(ground_truth_tokens)
+    num_same = sum(common.values())
+    if num_same == 0:
+        return zero_metric
+    precision = 1.0 * num_same / len(prediction_tokens)
+    recall = 1.0 * num_same / len(ground_truth_tokens)
+    f1 = (2 * precision * recall) / (precision + recall)
+    return f1, precision, recall
+
+
+def _hotpot_exact_match_score(prediction: str, ground_truth: str) -> bool:
+    return _squad_normalize_answer(prediction) == _squad_normalize_answer(ground_truth)
+
+
+def test_hotpotqa_profile_matches_the_official_script() -> None:
+    checked = 0
+    for pred, golds in _profile_pairs():
+        for gold in golds:  # the HotpotQA script scores one gold per question
+            ours = score_answer(pred, gold, profile="hotpotqa")
+            f1, precision, recall = _hotpot_f1_score(pred, gold)
+            assert ours.em == float(_hotpot_exact_match_score(pred, gold)), (pred, gold)
+            assert (ours.f1, ours.precision, ours.recall) == (f1, precision, recall), (pred, gold)
+            checked += 1
+    assert checked > 7000
+
+
+def test_default_profile_is_the_original_behaviour() -> None:
+    # The default scores exactly as the explicit old keyword defaults, and the keyword arguments
+    # still override a profile one by one.
+    for pred, golds in _profile_pairs()[::7]:
+        default = score_answer(pred, golds)
+        assert default == score_answer(pred, golds, profile="mmoa")
+        assert default == score_answer(pred, golds, normalizer="mmoa", extract=True,
+                                       yes_no_rule=True)
+        assert score_answer(pred, golds, profile="squad", extract=True, yes_no_rule=True) == \
+            score_answer(pred, golds, normalizer="squad")
+    # mean_scores and accuracy take the profile too
+    batch = mean_scores(["U.S.", "The answer is: Paris"], ["US", "Paris"], profile="squad")
+    # example 1: all 1; example 2: Acc 1, EM 0, F1 0.5 -> means Acc 1, EM 0.5, F1 0.75
+    assert (batch.acc, batch.em, batch.f1) == (1.0, 0.5, 0.75)
+    assert accuracy("U.S.", "US", profile="squad") == 1.0

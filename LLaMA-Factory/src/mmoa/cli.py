@@ -51,7 +51,8 @@ def _load_qa_from_args(args: argparse.Namespace):
     from mmoa.data.registry import load_dataset_records
 
     return load_dataset_records(args.dataset, args.dataset_dir, args.data_file,
-                                args.data_format, args.max_samples)
+                                args.data_format, args.max_samples,
+                                ambigqa_answers=args.ambigqa_answers)
 
 
 def _cmd_sft_data(args: argparse.Namespace) -> int:
@@ -102,6 +103,17 @@ def _add_qa_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset_dir", default="data",
                         help="folder of dataset_info.json, where the output goes (default data)")
     parser.add_argument("--max_samples", type=int, help="use only the first N questions")
+    _add_ambigqa_argument(parser)
+
+
+def _add_ambigqa_argument(parser: argparse.ArgumentParser) -> None:
+    from mmoa.data.loaders import AMBIGQA_ANSWER_SETS, DEFAULT_AMBIGQA_ANSWERS
+
+    parser.add_argument(
+        "--ambigqa_answers", default=DEFAULT_AMBIGQA_ANSWERS, choices=AMBIGQA_ANSWER_SETS,
+        help="gold answers of an AmbigQA file: nq_answer (default; the NQ-open answers, as "
+             "MMOA-RAG scores AmbigQA; needs the full AmbigNQ release), nq_answer_joined (the "
+             "original code's single ', '-joined string) or union (every annotation's answers)")
 
 
 def _add_data_commands(commands: argparse._SubParsersAction) -> None:
@@ -157,7 +169,8 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
     sft.add_argument("--retriever_token")
     sft.add_argument("--rewrites_file", help="Rewrite-Retrieve-Read rewrites (source/target)")
     sft.add_argument("--label_source", default="heuristic", choices=["heuristic", "supporting"],
-                     help="Selector labels: answer-word overlap (default) or gold passages")
+                     help="Selector labels: answer-word overlap (default) or gold supporting "
+                          "passages (by passage id, or by title for HotpotQA / 2Wiki)")
     sft.add_argument("--k", type=int, default=10, help="candidates per question (default 10)")
     sft.add_argument("--seed", type=int, default=42, help="seed of the candidate shuffling")
     sft.set_defaults(handler=_cmd_sft_data)
@@ -210,11 +223,12 @@ def _add_model_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from mmoa.evaluation import EvalConfig, evaluate, format_table, load_metrics
+    from mmoa.evaluation import EvalConfig, evaluate, format_table, load_metrics, scoring_legend
 
     if args.compare:
         runs = [(str(path), load_metrics(path)) for path in args.compare]
         print(format_table(runs))
+        print("\n".join(scoring_legend(runs)))
         return 0
     if not args.model_name_or_path or not args.output_dir:
         print("mmoa-cli eval: error: --model_name_or_path and --output_dir are required "
@@ -230,6 +244,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         print(f"mmoa-cli eval: error: {err}", file=sys.stderr)
         return 2
     print(format_table([(config.output_dir, metrics)]))
+    print("\n".join(scoring_legend([(config.output_dir, metrics)])))
     print(f"wrote {config.output_dir}/predictions.jsonl and {config.output_dir}/metrics.json")
     return 0
 
@@ -237,6 +252,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _add_eval_command(commands: argparse._SubParsersAction) -> None:
     from mmoa.agents.pipeline import MODES
     from mmoa.evaluation import EvalConfig
+    from mmoa.metrics import DEFAULT_PROFILE, SCORING_PROFILES
     from mmoa.precision import PRECISION_CHOICES
 
     ev = commands.add_parser(
@@ -266,7 +282,14 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
     ev.add_argument("--k", type=int, default=10, help="number of candidate documents")
     ev.add_argument("--batch_size", type=int, default=16)
     ev.add_argument("--max_samples", type=int)
-    ev.add_argument("--normalizer", default="mmoa", choices=["mmoa", "squad"])
+    ev.add_argument(
+        "--scoring", "--normalizer", dest="scoring", default=DEFAULT_PROFILE,
+        choices=list(SCORING_PROFILES),
+        help="scoring profile: mmoa (default; MMOA-RAG's normaliser, answer extraction and "
+             "yes/no rule), squad (exactly the official SQuAD v1.1 script) or hotpotqa "
+             "(exactly the official HotpotQA script's answer EM/F1). --normalizer is the old "
+             "name of this option")
+    _add_ambigqa_argument(ev)
     ev.add_argument("--precision", default="auto", choices=PRECISION_CHOICES,
                     help="auto (default): bf16 autocast where the GPU or CPU computes bf16 "
                          "natively, else fp32")

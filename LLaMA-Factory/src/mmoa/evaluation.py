@@ -2,7 +2,9 @@
 
 The pipeline runs greedily over a QA set in batches; every question's trace and scores go to
 ``predictions.jsonl`` and the aggregate to ``metrics.json``. The scores come from
-:mod:`mmoa.metrics`, the same functions the MAPPO reward uses.
+:mod:`mmoa.metrics`, the same functions the MAPPO reward uses, under a named scoring profile
+(``EvalConfig.scoring``) that ``metrics.json`` records and every printed table names, so a
+reader knows which published script the figures are comparable with.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from statistics import fmean, stdev
 from typing import Any
 
 from mmoa.agents.pipeline import MODE_AGENTS, MODES, GenerationSettings, RagPipeline, Trace
+from mmoa.data.loaders import AMBIGQA_ANSWER_SETS, DEFAULT_AMBIGQA_ANSWERS
 from mmoa.data.records import QARecord
 from mmoa.data.registry import load_dataset_records
+from mmoa.data.support import GoldSupport
 from mmoa.fileio import atomic_write_json, atomic_write_jsonl
-from mmoa.metrics import score_answer
+from mmoa.metrics import DEFAULT_PROFILE, get_profile, score_answer
 from mmoa.precision import autocast, check_precision_name, resolve_precision
 
 PREDICTIONS_FILE = "predictions.jsonl"
@@ -46,7 +50,10 @@ class EvalConfig:
     k: int = 10
     batch_size: int = 16
     max_samples: int | None = None
-    normalizer: str = "mmoa"
+    #: The scoring profile of :mod:`mmoa.metrics` (``mmoa``, ``squad`` or ``hotpotqa``).
+    scoring: str = DEFAULT_PROFILE
+    #: The gold answer set of an AmbigQA file (see :mod:`mmoa.data.loaders`).
+    ambigqa_answers: str = DEFAULT_AMBIGQA_ANSWERS
     max_new_tokens_qr: int = 100
     max_new_tokens_selector: int = 32
     max_new_tokens_generator: int = 100
@@ -58,6 +65,10 @@ class EvalConfig:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         check_precision_name(self.precision)
+        get_profile(self.scoring)
+        if self.ambigqa_answers not in AMBIGQA_ANSWER_SETS:
+            raise ValueError(f"ambigqa_answers must be one of {', '.join(AMBIGQA_ANSWER_SETS)}, "
+                             f"got {self.ambigqa_answers!r}")
         if (self.dataset is None) == (self.data_file is None):
             raise ValueError("give exactly one of --dataset (a registered name) or --data_file")
         for name in ("k", "batch_size"):
@@ -67,7 +78,8 @@ class EvalConfig:
 
 def load_records(config: EvalConfig) -> list[QARecord]:
     return load_dataset_records(config.dataset, config.dataset_dir, config.data_file,
-                                config.data_format, config.max_samples)
+                                config.data_format, config.max_samples,
+                                ambigqa_answers=config.ambigqa_answers)
 
 
 @functools.lru_cache(maxsize=1)
@@ -81,36 +93,23 @@ def _rouge_l(prediction: str, golds: Sequence[str]) -> float:
     return max(_rouge_scorer().score(g, prediction)["rougeL"].fmeasure for g in golds)
 
 
-def _gold_and_found(record: QARecord, trace: Trace, selected_only: bool
-                    ) -> tuple[set[str], list[str]] | None:
-    """The gold supporting passages and the (candidate or selected) passages, as ids or titles;
-    ``None`` when the record names no supporting passage."""
-    indices = trace.selected if selected_only else range(len(trace.candidates))
-    if record.supporting_ids:
-        return set(record.supporting_ids), [trace.candidates[i].id for i in indices]
-    if record.supporting_titles:
-        return ({t.strip().lower() for t in record.supporting_titles},
-                [trace.candidates[i].text.split("\n", 1)[0].strip().lower() for i in indices])
-    return None
-
-
 def _support_recall(record: QARecord, trace: Trace, selected_only: bool) -> float | None:
-    """Share of the gold supporting passages among the candidates (or the selected ones)."""
-    pair = _gold_and_found(record, trace, selected_only)
-    if pair is None:
+    """Share of the gold supporting passages among the candidates (or the selected ones);
+    ``None`` when the record names none. Matched by id, else by title (:class:`GoldSupport`)."""
+    support = GoldSupport.of(record)
+    if support is None:
         return None
-    gold, found = pair
-    return len(gold & set(found)) / len(gold)
+    indices = trace.selected if selected_only else range(len(trace.candidates))
+    return support.recall([trace.candidates[i] for i in indices])
 
 
 def _support_precision(record: QARecord, trace: Trace) -> float | None:
     """Share of the selected passages that are gold supporting passages (``None`` for an empty
     selection or a record without supporting passages)."""
-    pair = _gold_and_found(record, trace, True)
-    if pair is None or not pair[1]:
+    support = GoldSupport.of(record)
+    if support is None:
         return None
-    gold, found = pair
-    return sum(f in gold for f in found) / len(found)
+    return support.precision([trace.candidates[i] for i in trace.selected])
 
 
 def standard_error(values: Sequence[float]) -> float | None:
@@ -120,9 +119,11 @@ def standard_error(values: Sequence[float]) -> float | None:
     return stdev(values) / math.sqrt(len(values))
 
 
-def score_trace(record: QARecord, trace: Trace, mode: str, normalizer: str) -> dict[str, Any]:
-    """One line of ``predictions.jsonl``: the trace, the gold answers and the scores."""
-    scores = score_answer(trace.answer, record.answers, normalizer=normalizer)
+def score_trace(record: QARecord, trace: Trace, mode: str,
+                scoring: str = DEFAULT_PROFILE) -> dict[str, Any]:
+    """One line of ``predictions.jsonl``: the trace, the gold answers and the scores under the
+    scoring profile ``scoring``."""
+    scores = score_answer(trace.answer, record.answers, profile=scoring)
     row = {"id": record.id, **trace.to_dict(), "answers": record.answers, "type": record.type}
     row["scores"] = {**scores.as_dict(), "rouge_l": _rouge_l(trace.answer, record.answers)}
     agents = MODE_AGENTS[mode]
@@ -138,7 +139,7 @@ def score_trace(record: QARecord, trace: Trace, mode: str, normalizer: str) -> d
                              "support_recall": _support_recall(record, trace, True),
                              "support_precision": _support_precision(record, trace)}
     if trace.answer_parse is not None:
-        stats["generator"] = {"answer_words": trace.answer_parse.num_words,
+        stats["generator"] = {"answer_words": trace.answer_parse.answer_words,
                               "well_formed": trace.answer_parse.well_formed}
     row["agent_stats"] = stats
     return row
@@ -220,10 +221,11 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
         for key, seconds in pipeline.last_timings.as_dict().items():
             timings[key] += seconds
         rows.extend(
-            score_trace(record, trace, config.mode, config.normalizer)
+            score_trace(record, trace, config.mode, config.scoring)
             for record, trace in zip(batch, traces, strict=True)
         )
     metrics = summarize(rows, config.mode)
+    metrics["scoring"] = get_profile(config.scoring).as_dict()
     metrics["seconds"] = {"total": time.perf_counter() - start, **timings}
     metrics["config"] = {**asdict(config), "precision": precision}
     out = Path(config.output_dir)
@@ -243,17 +245,49 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+#: Label of a run from before scoring profiles that used the SQuAD normaliser: it kept answer
+#: extraction and the yes/no rule, so it matches none of the profiles.
+_LEGACY_SQUAD = "squad*"
+
+
+def scoring_label(metrics: dict[str, Any]) -> str:
+    """The scoring profile a ``metrics.json`` was scored with (older files: from the config)."""
+    scoring = metrics.get("scoring")
+    if isinstance(scoring, dict) and isinstance(scoring.get("profile"), str):
+        return scoring["profile"]
+    normalizer = metrics.get("config", {}).get("normalizer")
+    if normalizer is None:
+        return "?"
+    return DEFAULT_PROFILE if normalizer == DEFAULT_PROFILE else _LEGACY_SQUAD
+
+
+def scoring_legend(named_metrics: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    """One line per scoring profile in a table: what its name in the ``scoring`` column means."""
+    lines = []
+    for label in dict.fromkeys(scoring_label(m) for _, m in named_metrics):
+        if label == _LEGACY_SQUAD:
+            lines.append(f"{label}: squad normaliser with answer extraction and the yes/no rule "
+                         "(a run from before scoring profiles; matches no published script)")
+        elif label == "?":
+            lines.append("?: the metrics file does not say how it was scored")
+        else:
+            lines.append(get_profile(label).describe())
+    return ["scoring " + line for line in lines]
+
+
 def format_table(named_metrics: Sequence[tuple[str, dict[str, Any]]]) -> str:
-    """One table: a row per run with Acc / EM / F1 and the per-agent statistics."""
-    header = ["run", "mode", "n", "Acc", "EM", "F1", "QR subq", "QR ok%", "cand rec%",
-              "S sel", "S ok%", "S rec%", "G words", "G ok%"]
+    """One table: a row per run with its scoring profile, Acc / EM / F1 and the per-agent
+    statistics (:func:`scoring_legend` says what the profile names mean)."""
+    header = ["run", "mode", "scoring", "n", "Acc", "EM", "F1", "QR subq", "QR ok%",
+              "cand rec%", "S sel", "S ok%", "S rec%", "G words", "G ok%"]
     lines = []
     for name, m in named_metrics:
         agents = m.get("agents", {})
         qr, sel = agents.get("qr", {}), agents.get("selector", {})
         gen, ret = agents.get("generator", {}), agents.get("retrieval", {})
         lines.append([
-            name, m.get("mode", "?"), str(m.get("num_questions", "?")), _pct(m.get("acc")),
+            name, m.get("mode", "?"), scoring_label(m), str(m.get("num_questions", "?")),
+            _pct(m.get("acc")),
             _pct(m.get("em")), _pct(m.get("f1")), _num(qr.get("mean_subquestions")),
             _pct(qr.get("well_formed_rate")), _pct(ret.get("candidate_support_recall")),
             _num(sel.get("mean_selected")), _pct(sel.get("well_formed_rate")),
@@ -262,7 +296,7 @@ def format_table(named_metrics: Sequence[tuple[str, dict[str, Any]]]) -> str:
         ])
     widths = [max(len(str(row[i])) for row in [header, *lines]) for i in range(len(header))]
     def fmt(row: list[str]) -> str:
-        return "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w)
+        return "  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w)
                          for i, (c, w) in enumerate(zip(row, widths, strict=True)))
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([fmt(header), rule, *(fmt(row) for row in lines)])

@@ -3,6 +3,26 @@
 The MAPPO reward, the SFT data builder and the evaluation all import these functions, so the number
 a policy is trained on is exactly the number it is evaluated with.
 
+What a score means is fixed by three choices: the normaliser, answer extraction and the yes/no
+rule. A :class:`ScoringProfile` bundles them under one name, so a table can say in one word how it
+was scored, and each profile reproduces one published evaluation script:
+
+``"mmoa"`` (default)
+    MMOA-RAG's ``evaluate_qr_s_g.py``: the ``"mmoa"`` normaliser, answer extraction, the yes/no
+    rule (and, unlike the original, the maximum over gold aliases).
+``"squad"``
+    The official SQuAD v1.1 ``evaluate-v1.1.py``: the ``"squad"`` normaliser, no extraction, no
+    yes/no rule. "U.S." and "US" are one token each here (F1 1) and two tokens vs one under
+    ``"mmoa"`` (F1 0).
+``"hotpotqa"``
+    The official HotpotQA ``hotpot_evaluate_v1.py`` answer EM and F1: the ``"squad"`` normaliser
+    with the yes/no rule (which is HotpotQA's, not SQuAD's), no extraction.
+
+The test suite checks ``"squad"`` and ``"hotpotqa"`` against re-implementations of those scripts.
+The keyword arguments ``normalizer``, ``extract`` and ``yes_no_rule`` still override a profile's
+choice one by one (``score_answer(p, g, normalizer="squad")`` keeps extraction and the yes/no rule,
+as it always did).
+
 Two normalisers are available, chosen by name:
 
 ``"mmoa"`` (default)
@@ -14,8 +34,8 @@ Two normalisers are available, chosen by name:
 ``"squad"``
     The official SQuAD v1.1 evaluation script's normaliser: lower-case, delete punctuation
     characters, drop articles, collapse whitespace. With it (and ``extract=False``,
-    ``yes_no_rule=False``), :func:`exact_match` and :func:`f1_score` give exactly the official
-    script's values; the test suite checks this against a re-implementation of that script.
+    ``yes_no_rule=False``: the ``"squad"`` profile), :func:`exact_match` and :func:`f1_score` give
+    exactly the official script's values.
 
 Scores are fractions in [0, 1] everywhere in code; multiply by 100 only for printing
 (:meth:`QAScores.as_percent`).
@@ -46,15 +66,20 @@ import string
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
+    "DEFAULT_PROFILE",
     "NORMALIZERS",
+    "SCORING_PROFILES",
     "QAScores",
+    "ScoringProfile",
     "accuracy",
     "exact_match",
     "extract_answer",
     "f1_score",
     "get_normalizer",
+    "get_profile",
     "mean_scores",
     "normalize_answer",
     "normalize_answer_mmoa",
@@ -172,6 +197,80 @@ def extract_answer(prediction: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# Scoring profiles
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScoringProfile:
+    """A named bundle of the normaliser, answer extraction and the yes/no rule.
+
+    Why a bundle: the normaliser alone does not fix the numbers (extraction and the yes/no rule
+    move them too), so naming only the normaliser cannot make a table comparable with a paper's.
+    ``reproduces`` names the evaluation script whose figures the profile gives.
+    """
+
+    name: str
+    normalizer: str
+    extract: bool
+    yes_no_rule: bool
+    reproduces: str
+
+    def describe(self) -> str:
+        """One line for a table's legend: the name, the three choices and the script."""
+        choices = [
+            f"{self.normalizer} normaliser",
+            "answer extraction" if self.extract else "no answer extraction",
+            "yes/no rule" if self.yes_no_rule else "no yes/no rule",
+        ]
+        return f"{self.name}: {', '.join(choices)}; max over gold aliases (= {self.reproduces})"
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready, for ``metrics.json``."""
+        return {"profile": self.name, "normalizer": self.normalizer, "extract": self.extract,
+                "yes_no_rule": self.yes_no_rule, "reproduces": self.reproduces}
+
+
+SCORING_PROFILES: dict[str, ScoringProfile] = {
+    "mmoa": ScoringProfile("mmoa", "mmoa", extract=True, yes_no_rule=True,
+                           reproduces="MMOA-RAG evaluate_qr_s_g.py, which had one gold"),
+    "squad": ScoringProfile("squad", "squad", extract=False, yes_no_rule=False,
+                            reproduces="official SQuAD v1.1 evaluate script"),
+    "hotpotqa": ScoringProfile("hotpotqa", "squad", extract=False, yes_no_rule=True,
+                               reproduces="official HotpotQA evaluate script, answer EM/F1"),
+}
+#: The profile every scoring function uses unless told otherwise (the MMOA-RAG rules).
+DEFAULT_PROFILE = "mmoa"
+
+
+def get_profile(profile: str | ScoringProfile) -> ScoringProfile:
+    """The profile of that name (a :class:`ScoringProfile` is returned as it is)."""
+    if isinstance(profile, ScoringProfile):
+        return profile
+    try:
+        return SCORING_PROFILES[profile]
+    except KeyError:
+        raise ValueError(
+            f"unknown scoring profile {profile!r}; expected one of {sorted(SCORING_PROFILES)}"
+        ) from None
+
+
+def _resolve(
+    profile: str | ScoringProfile,
+    normalizer: str | None,
+    extract: bool | None,
+    yes_no_rule: bool | None,
+) -> tuple[str, bool, bool]:
+    """The profile's three choices with any explicit keyword argument taking precedence."""
+    base = get_profile(profile)
+    return (
+        base.normalizer if normalizer is None else normalizer,
+        base.extract if extract is None else extract,
+        base.yes_no_rule if yes_no_rule is None else yes_no_rule,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # Pairwise metrics on already-normalised strings
 # ---------------------------------------------------------------------------------------------
 
@@ -246,18 +345,22 @@ def score_answer(
     prediction: str,
     golds: str | Sequence[str],
     *,
-    normalizer: str = "mmoa",
-    extract: bool = True,
-    yes_no_rule: bool = True,
+    profile: str | ScoringProfile = DEFAULT_PROFILE,
+    normalizer: str | None = None,
+    extract: bool | None = None,
+    yes_no_rule: bool | None = None,
 ) -> QAScores:
     """Score one prediction against one gold string or a list of gold aliases.
 
-    ``extract`` applies :func:`extract_answer` to the prediction first; ``yes_no_rule`` zeroes a
-    pair where either side is yes/no/noanswer and they differ. Both default to the original
-    system's behaviour; switch them off to get the plain SQuAD definitions.
+    ``profile`` (see :data:`SCORING_PROFILES`) sets the three choices; ``normalizer``,
+    ``extract`` and ``yes_no_rule``, when given, override it one by one. ``extract`` applies
+    :func:`extract_answer` to the prediction first; ``yes_no_rule`` zeroes a pair where either
+    side is yes/no/noanswer and they differ. The default is the original system's behaviour;
+    ``profile="squad"`` gives the official SQuAD v1.1 figures.
     """
     if not isinstance(prediction, str):
         raise TypeError(f"prediction must be a string, got {type(prediction).__name__}")
+    normalizer, extract, yes_no_rule = _resolve(profile, normalizer, extract, yes_no_rule)
     norm = get_normalizer(normalizer)
     pred_norm = norm(extract_answer(prediction) if extract else prediction)
 
@@ -284,13 +387,15 @@ def accuracy(
     prediction: str,
     golds: str | Sequence[str],
     *,
-    normalizer: str = "mmoa",
-    extract: bool = True,
-    yes_no_rule: bool = True,
+    profile: str | ScoringProfile = DEFAULT_PROFILE,
+    normalizer: str | None = None,
+    extract: bool | None = None,
+    yes_no_rule: bool | None = None,
 ) -> float:
     """Acc of one prediction (max over aliases); options as in :func:`score_answer`."""
     return score_answer(
-        prediction, golds, normalizer=normalizer, extract=extract, yes_no_rule=yes_no_rule
+        prediction, golds, profile=profile, normalizer=normalizer, extract=extract,
+        yes_no_rule=yes_no_rule,
     ).acc
 
 
@@ -298,13 +403,15 @@ def exact_match(
     prediction: str,
     golds: str | Sequence[str],
     *,
-    normalizer: str = "mmoa",
-    extract: bool = True,
-    yes_no_rule: bool = True,
+    profile: str | ScoringProfile = DEFAULT_PROFILE,
+    normalizer: str | None = None,
+    extract: bool | None = None,
+    yes_no_rule: bool | None = None,
 ) -> float:
     """EM of one prediction (max over aliases); options as in :func:`score_answer`."""
     return score_answer(
-        prediction, golds, normalizer=normalizer, extract=extract, yes_no_rule=yes_no_rule
+        prediction, golds, profile=profile, normalizer=normalizer, extract=extract,
+        yes_no_rule=yes_no_rule,
     ).em
 
 
@@ -312,16 +419,18 @@ def f1_score(
     prediction: str,
     golds: str | Sequence[str],
     *,
-    normalizer: str = "mmoa",
-    extract: bool = True,
-    yes_no_rule: bool = True,
+    profile: str | ScoringProfile = DEFAULT_PROFILE,
+    normalizer: str | None = None,
+    extract: bool | None = None,
+    yes_no_rule: bool | None = None,
 ) -> float:
     """Token F1 of one prediction (max over aliases); options as in :func:`score_answer`.
 
     This is the shared MAPPO reward.
     """
     return score_answer(
-        prediction, golds, normalizer=normalizer, extract=extract, yes_no_rule=yes_no_rule
+        prediction, golds, profile=profile, normalizer=normalizer, extract=extract,
+        yes_no_rule=yes_no_rule,
     ).f1
 
 
@@ -329,9 +438,10 @@ def mean_scores(
     predictions: Sequence[str],
     golds: Sequence[str | Sequence[str]],
     *,
-    normalizer: str = "mmoa",
-    extract: bool = True,
-    yes_no_rule: bool = True,
+    profile: str | ScoringProfile = DEFAULT_PROFILE,
+    normalizer: str | None = None,
+    extract: bool | None = None,
+    yes_no_rule: bool | None = None,
 ) -> QAScores:
     """Mean Acc / EM / F1 / precision / recall over a batch, as fractions; ``count`` = batch size.
 
@@ -344,7 +454,8 @@ def mean_scores(
     if not predictions:
         raise ValueError("cannot average the scores of an empty batch")
     scores = [
-        score_answer(p, g, normalizer=normalizer, extract=extract, yes_no_rule=yes_no_rule)
+        score_answer(p, g, profile=profile, normalizer=normalizer, extract=extract,
+                     yes_no_rule=yes_no_rule)
         for p, g in zip(predictions, golds, strict=True)
     ]
     n = len(scores)

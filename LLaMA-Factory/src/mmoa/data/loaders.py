@@ -8,10 +8,22 @@
 ``2wiki``
     2WikiMultihopQA's JSON: like HotpotQA plus ``evidences`` (``[[subject, relation, object]]``).
 ``ambigqa``
-    AmbigQA / AmbigNQ "light" JSON: a list of ``{id, question, annotations}``, where an annotation
+    AmbigQA / AmbigNQ JSON: a list of ``{id, question, annotations}`` (the "light" release) plus,
+    in the full release, ``nq_answer`` (the NQ-open answers) and other metadata. An annotation
     is ``{"type": "singleAnswer", "answer": [...]}`` or ``{"type": "multipleQAs", "qaPairs":
-    [{"question", "answer": [...]}]}``. The answers of every annotation are pooled, duplicates
-    dropped, order kept; ``type`` is ``"multipleQAs"`` when any annotator found several readings.
+    [{"question", "answer": [...]}]}``; ``type`` is ``"multipleQAs"`` when any annotator found
+    several readings. Which strings become the gold answers is ``ambigqa_answers`` (one of
+    :data:`AMBIGQA_ANSWER_SETS`):
+
+    ``"nq_answer"`` (default)
+        The ``nq_answer`` list, each string an alias: the answer set MMOA-RAG scores and trains
+        AmbigQA with, so figures compare with the paper's. The light release has no
+        ``nq_answer``; loading it this way fails with a message naming the other options.
+    ``"nq_answer_joined"``
+        The original code's literal rule: one gold string, ``", ".join(nq_answer)``.
+    ``"union"``
+        The answers of every annotation pooled, duplicates dropped, order kept (works on the
+        light release; a more lenient target than the paper's).
 ``flashrag``
     FlashRAG's JSON Lines: ``{id, question, golden_answers, metadata?}``. From ``metadata`` the
     ``type``, the supporting titles and a ``question_decomposition`` are taken when they have a
@@ -34,6 +46,7 @@ and a question without a gold answer would silently score 0.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -42,7 +55,19 @@ from typing import Any
 from mmoa.data.records import QARecord, json_type_name
 from mmoa.fileio import DataFormatError, PathLike, iter_jsonl
 
-__all__ = ["FORMATS", "detect_format", "iter_raw_records", "load_qa"]
+__all__ = [
+    "AMBIGQA_ANSWER_SETS",
+    "DEFAULT_AMBIGQA_ANSWERS",
+    "FORMATS",
+    "detect_format",
+    "iter_raw_records",
+    "load_qa",
+]
+
+#: The answer sets an AmbigQA record can be scored against (see the module docstring).
+AMBIGQA_ANSWER_SETS: tuple[str, ...] = ("nq_answer", "nq_answer_joined", "union")
+#: The paper's answer set.
+DEFAULT_AMBIGQA_ANSWERS = "nq_answer"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,7 +234,12 @@ def _parse_multihop(obj: Mapping[str, Any], where: str, _pos: int, _src: Path) -
     )
 
 
-def _parse_ambigqa(obj: Mapping[str, Any], where: str, _pos: int, _src: Path) -> QARecord:
+def _parse_ambigqa(
+    obj: Mapping[str, Any], where: str, _pos: int, _src: Path,
+    answer_set: str = DEFAULT_AMBIGQA_ANSWERS,
+) -> QARecord:
+    """The annotations are always read and checked (they give ``type``); ``answer_set`` picks
+    the gold answers."""
     annotations = _get(obj, "annotations", where)
     if not isinstance(annotations, list) or not annotations:
         got = "an empty list" if annotations == [] else json_type_name(annotations)
@@ -250,10 +280,22 @@ def _parse_ambigqa(obj: Mapping[str, Any], where: str, _pos: int, _src: Path) ->
             for answer in _answer_list(value, group_field, where):
                 if answer not in answers:
                     answers.append(answer)
+    _require_answers(answers, "'annotations'", where)
+    if answer_set != "union":
+        if "nq_answer" not in obj:
+            raise DataFormatError(
+                f"{where}: field 'nq_answer' is missing; AmbigQA is scored against the NQ-open "
+                "answers 'nq_answer' as MMOA-RAG does, which only the full AmbigNQ release has "
+                "(ambignq/dev.json, not dev_light.json); use that file, or score against every "
+                "annotation's answers with ambigqa_answers='union' (--ambigqa_answers union)"
+            )
+        nq = _require_answers(_answer_list(obj["nq_answer"], "'nq_answer'", where),
+                              "'nq_answer'", where)
+        answers = [", ".join(nq)] if answer_set == "nq_answer_joined" else nq
     return QARecord(
         id=_id(obj, "id", where),
         question=_text(obj, "question", where),
-        answers=_require_answers(answers, "'annotations'", where),
+        answers=answers,
         type="multipleQAs" if multiple else "singleAnswer",
     )
 
@@ -366,22 +408,35 @@ def detect_format(obj: Mapping[str, Any], where: str = "record") -> str:
     )
 
 
-def load_qa(path: PathLike, fmt: str = "auto", *, max_samples: int | None = None) -> list[QARecord]:
+def load_qa(
+    path: PathLike,
+    fmt: str = "auto",
+    *,
+    max_samples: int | None = None,
+    ambigqa_answers: str = DEFAULT_AMBIGQA_ANSWERS,
+) -> list[QARecord]:
     """Load a QA file into records; ``fmt`` is one of :data:`FORMATS` or ``"auto"``.
 
     ``max_samples`` keeps the first N records (file order). Record ids must be unique in a file.
+    ``ambigqa_answers`` (one of :data:`AMBIGQA_ANSWER_SETS`) is the gold answer set of an
+    AmbigQA file and is ignored for the other layouts.
     """
     if fmt != "auto" and fmt not in _PARSERS:
         raise ValueError(f"unknown dataset format {fmt!r}; expected 'auto' or one of {FORMATS}")
     if max_samples is not None and max_samples < 1:
         raise ValueError(f"max_samples must be a positive integer or None, got {max_samples}")
+    if ambigqa_answers not in AMBIGQA_ANSWER_SETS:
+        raise ValueError(f"unknown AmbigQA answer set {ambigqa_answers!r}; expected one of "
+                         f"{AMBIGQA_ANSWER_SETS}")
+    parsers = {**_PARSERS,
+               "ambigqa": functools.partial(_parse_ambigqa, answer_set=ambigqa_answers)}
     source = Path(path)
-    parser: _Parser | None = None if fmt == "auto" else _PARSERS[fmt]
+    parser: _Parser | None = None if fmt == "auto" else parsers[fmt]
     records: list[QARecord] = []
     seen: dict[str, str] = {}
     for where, position, obj in iter_raw_records(source):
         if parser is None:
-            parser = _PARSERS[detect_format(obj, where)]
+            parser = parsers[detect_format(obj, where)]
         record = parser(obj, where, position, source)
         if record.id in seen:
             raise DataFormatError(

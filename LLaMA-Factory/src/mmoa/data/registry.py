@@ -66,9 +66,14 @@ def load_dataset_records(
     data_file: str | Path | None,
     data_format: str = "auto",
     max_samples: int | None = None,
+    ambigqa_answers: str | None = None,
 ) -> list[QARecord]:
-    """QA records from exactly one of a registered ``dataset`` name or a ``data_file``."""
-    from mmoa.data.loaders import load_qa
+    """QA records from exactly one of a registered ``dataset`` name or a ``data_file``.
+
+    ``ambigqa_answers`` is the gold answer set of an AmbigQA file (``None``: the loader's
+    default, the paper's ``nq_answer``; see :mod:`mmoa.data.loaders`).
+    """
+    from mmoa.data.loaders import DEFAULT_AMBIGQA_ANSWERS, load_qa
 
     if (dataset is None) == (data_file is None):
         raise ValueError("give exactly one of --dataset (a registered name) or --data_file")
@@ -76,4 +81,5 @@ def load_dataset_records(
         path, fmt = resolve_dataset(dataset, dataset_dir)
     else:
         path, fmt = Path(data_file), data_format  # type: ignore[arg-type]
-    return load_qa(path, fmt, max_samples=max_samples)
+    return load_qa(path, fmt, max_samples=max_samples,
+                   ambigqa_answers=ambigqa_answers or DEFAULT_AMBIGQA_ANSWERS)

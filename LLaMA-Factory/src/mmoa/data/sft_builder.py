@@ -9,7 +9,8 @@ prompt definitions of :mod:`mmoa.agents.prompts` (the ones rollouts and evaluati
 * **Selector** — the QR target sub-questions are retrieved from the live server and merged into
   K candidates exactly as the pipeline merges them; a candidate is labelled helpful when it
   contains an answer word after stop-word removal (question words for yes/no answers), the
-  heuristic of the original system, or — as an option — when it is a gold supporting passage.
+  heuristic of the original system, or — as an option — when it is a gold supporting passage
+  (by passage id, or by title for HotpotQA / 2Wiki, which name titles: :mod:`mmoa.data.support`).
   The candidates are shuffled so positives sit at random positions.
 * **Generator** — ``**gold answer**`` given the positive documents renumbered from 0, or the
   no-document prompt when there are none.
@@ -42,6 +43,7 @@ from mmoa.agents.prompts import (
 )
 from mmoa.data.records import QARecord
 from mmoa.data.registry import register_datasets
+from mmoa.data.support import GoldSupport
 from mmoa.fileio import DataFormatError, atomic_path, atomic_write_jsonl
 
 LabelSource = Literal["heuristic", "supporting"]
@@ -105,6 +107,8 @@ class SFTBuildReport:
     mean_positives: float = 0.0
     supporting_precision: float | None = None
     supporting_recall: float | None = None
+    #: How gold passages were matched: records compared by ``id`` and by ``title``.
+    supporting_matched_by: Counter[str] = field(default_factory=Counter)
     output_file: str = ""
 
     def lines(self) -> list[str]:
@@ -116,9 +120,11 @@ class SFTBuildReport:
                    f"{self.mean_positives:.2f} of K; empty selections "
                    f"{100 * self.empty_selection_rate:.1f}%")
         if self.supporting_precision is not None:
+            matched = ", ".join(f"{kind} {n}" for kind, n in sorted(
+                self.supporting_matched_by.items()))
             out.append(f"  labels vs gold supporting passages: precision "
                        f"{100 * self.supporting_precision:.1f}%, recall "
-                       f"{100 * (self.supporting_recall or 0):.1f}%")
+                       f"{100 * (self.supporting_recall or 0):.1f}% (matched by {matched})")
         return out
 
 
@@ -183,9 +189,20 @@ def build_sft_records(
     config: SFTBuildConfig,
     rewrites: dict[str, list[str]] | None = None,
 ) -> tuple[list[dict[str, str]], SFTBuildReport]:
-    """The Alpaca records of all three agents (QR, Selector, Generator per question)."""
-    if config.label_source == "supporting" and not all(r.supporting_ids for r in records):
-        raise ValueError("label_source='supporting' needs supporting_ids on every record")
+    """The Alpaca records of all three agents (QR, Selector, Generator per question).
+
+    Gold supporting passages (the ``supporting`` labels and the report's precision / recall)
+    are matched by passage id when a record has ids, else by title (:class:`GoldSupport`).
+    """
+    supports = [GoldSupport.of(r) for r in records]
+    if config.label_source == "supporting":
+        missing = [r.id for r, s in zip(records, supports, strict=True) if s is None]
+        if missing:
+            raise ValueError(
+                f"label_source='supporting' needs gold supporting passages (supporting_ids, or "
+                f"supporting_titles as HotpotQA and 2Wiki give) on every record; "
+                f"{len(missing)} of {len(records)} have none (first: {missing[0]!r})"
+            )
     rewrites = rewrites or {}
     rng = random.Random(config.seed)
     report = SFTBuildReport(label_source=config.label_source)
@@ -200,25 +217,26 @@ def build_sft_records(
     out: list[dict[str, str]] = []
     counts = Counter()
     positives_total, empty = 0, 0
-    label_hits = label_total = gold_total = 0
-    for record, subquestions in zip(records, targets, strict=True):
+    label_hits = label_total = gold_hits = gold_total = 0
+    for record, support, subquestions in zip(records, supports, targets, strict=True):
         candidates: list[Candidate] = merge_candidates([ranked[s] for s in subquestions], config.k)
         rng.shuffle(candidates)
         texts = [c.text for c in candidates]
         if config.label_source == "supporting":
-            gold = set(record.supporting_ids or [])
-            positive = [c.id in gold for c in candidates]
+            positive = [support is not None and support.matches(c) for c in candidates]
         else:
             words = label_words(record.answers, record.question)
             positive = [is_heuristic_positive(t, words) for t in texts]
         positive_ids = [i for i, p in enumerate(positive) if p]
         positives_total += len(positive_ids)
         empty += not positive_ids
-        if record.supporting_ids:
-            gold = set(record.supporting_ids)
-            label_total += len(positive_ids)
-            label_hits += sum(candidates[i].id in gold for i in positive_ids)
-            gold_total += len(gold)
+        if support is not None:
+            labelled = [candidates[i] for i in positive_ids]
+            label_total += len(labelled)
+            label_hits += sum(support.matches(c) for c in labelled)
+            gold_hits += len(support.covered(labelled))
+            gold_total += len(support.keys)
+            report.supporting_matched_by[support.by] += 1
 
         out.append(qr_prompt(record.question).alpaca(format_subquestions(subquestions)))
         out.append(selector_prompt(record.question, texts).alpaca(format_selection(positive_ids)))
@@ -233,7 +251,7 @@ def build_sft_records(
     report.mean_positives = positives_total / n
     if gold_total:
         report.supporting_precision = label_hits / label_total if label_total else 0.0
-        report.supporting_recall = label_hits / gold_total
+        report.supporting_recall = gold_hits / gold_total
     return out, report
 
 

@@ -65,7 +65,10 @@ class MappoArguments:
 
     # rewards and penalties
     mappo_reward_metric: str = field(default="f1", metadata={"help": "f1, em or acc."})
-    mappo_normalizer: str = field(default="mmoa", metadata={"help": "mmoa or squad."})
+    mappo_scoring: str = field(
+        default="mmoa",
+        metadata={"help": "Scoring profile of the shared reward, as for the evaluation "
+                          "(mmoa, squad or hotpotqa; see mmoa.metrics.SCORING_PROFILES)."})
     mappo_qr_penalty: float = -0.5
     mappo_qr_max_subquestions: int = 4
     mappo_qr_max_chars: int = 300
@@ -103,6 +106,9 @@ class MappoArguments:
                      "mappo_max_new_tokens_selector", "mappo_max_new_tokens_generator"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        from mmoa.metrics import get_profile
+
+        get_profile(self.mappo_scoring)  # an unknown name fails here, before any model loads
         if not 0 < self.mappo_top_p <= 1 or self.mappo_temperature <= 0:
             raise ValueError("mappo_top_p must be in (0, 1] and mappo_temperature > 0")
 

@@ -241,6 +241,14 @@ class PPOLearner:
     engine counts every micro-batch, so a non-finite loss cannot simply be left out: its
     micro-batch back-propagates zero instead (the group's other micro-batches still step) and is
     counted in ``skipped_updates``.
+
+    With several processes, ``all_reduce`` sums a tensor over them (the Trainer passes
+    accelerate's). Two decisions must then be the same everywhere, or the processes drift apart
+    or wait forever in a gradient all-reduce that one of them skipped: whether a micro-batch's
+    loss is finite (a non-finite loss on any process skips that update on every process), and
+    the KL fed to the adaptive controller (the mean over every process's samples, so beta is one
+    value, saved once and restored everywhere). ``no_sync`` (DDP's, through accelerate) skips the
+    gradient all-reduce on the micro-batches before an accumulation boundary.
     """
 
     def __init__(
@@ -255,6 +263,8 @@ class PPOLearner:
         clip_grad: Callable[[Any, float], Any] | None = None,
         generator: torch.Generator | None = None,
         engine_steps: bool = False,
+        all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        no_sync: Callable[[nn.Module], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -265,6 +275,8 @@ class PPOLearner:
         self.clip_grad = clip_grad or torch.nn.utils.clip_grad_norm_
         self.generator = generator
         self.engine_steps = engine_steps
+        self.all_reduce = all_reduce or (lambda tensor: tensor)
+        self.no_sync = no_sync
         if config.adaptive_kl:
             self.kl_ctl: AdaptiveKLController | FixedKLController = AdaptiveKLController(
                 config.init_kl_coef, config.kl_target, config.kl_horizon, config.min_kl_coef)
@@ -332,12 +344,14 @@ class PPOLearner:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
                 finite = True
-                for indices in group:
+                for position, indices in enumerate(group):
                     loss, step_stats = self._loss(rollout, indices, len(group))
-                    if not torch.isfinite(loss):
+                    if self._on_any_process(not bool(torch.isfinite(loss))):
                         finite = False
                         break
-                    self.backward(loss)
+                    boundary = position == len(group) - 1
+                    with self._sync_context(boundary):
+                        self.backward(loss)
                     for key, value in step_stats.items():
                         stats[key].append(value)
                 if not finite:
@@ -364,7 +378,8 @@ class PPOLearner:
         nonfinite = 0
         for position, indices in enumerate(group):
             loss, step_stats = self._loss(rollout, indices, len(group))
-            if torch.isfinite(loss):
+            # agreed, so every process counts the same skipped updates (and stops together)
+            if not self._on_any_process(not bool(torch.isfinite(loss))):
                 for key, value in step_stats.items():
                     stats[key].append(value)
             else:
@@ -403,12 +418,27 @@ class PPOLearner:
         return loss / group_size, step_stats
 
     def update_kl(self, rollout: Rollout) -> float:
-        """Feeds the rollout's mean per-sample KL to the controller; returns that KL."""
+        """Feeds the mean per-sample KL over every process's samples, with their total count, to
+        the controller (as TRL does); returns that KL, the same on every process."""
         mask = rollout.batch.response_mask
         kl_per_sample = (per_token_kl(rollout.old_logprobs, rollout.ref_logprobs) * mask).sum(1)
-        mean_kl = float(kl_per_sample.mean())
-        self.kl_ctl.update(mean_kl, len(rollout.samples))
+        totals = self.all_reduce(torch.stack([kl_per_sample.sum().double(),
+                                              torch.tensor(float(len(kl_per_sample)),
+                                                           dtype=torch.float64,
+                                                           device=kl_per_sample.device)]))
+        kl_sum, count = float(totals[0]), round(float(totals[1]))
+        mean_kl = kl_sum / count
+        self.kl_ctl.update(mean_kl, count)
         return mean_kl
+
+    def _on_any_process(self, flag: bool) -> bool:
+        """True everywhere when ``flag`` is true on at least one process."""
+        return bool(self.all_reduce(torch.tensor([float(flag)], device=self.device)).item() > 0)
+
+    def _sync_context(self, boundary: bool) -> contextlib.AbstractContextManager[Any]:
+        if boundary or self.no_sync is None:
+            return contextlib.nullcontext()
+        return self.no_sync(self.model)
 
 
 def behaviour_ratio_stats(rollout: Rollout) -> dict[str, float]:

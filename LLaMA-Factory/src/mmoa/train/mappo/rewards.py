@@ -38,7 +38,7 @@ from typing import Any
 
 from mmoa.agents.parsers import AnswerParse, SelectionParse, SubquestionParse
 from mmoa.agents.prompts import AGENTS, AgentName
-from mmoa.metrics import score_answer
+from mmoa.metrics import DEFAULT_PROFILE, score_answer
 
 __all__ = [
     "METRICS",
@@ -160,17 +160,18 @@ def shared_reward(
     prediction: str,
     golds: str | Sequence[str],
     metric: str = "f1",
-    normalizer: str = "mmoa",
+    scoring: str = DEFAULT_PROFILE,
 ) -> float:
     """The reward every agent shares: ``metric`` of the final answer against the gold aliases.
 
-    :func:`mmoa.metrics.score_answer` with its defaults (answer extraction, the yes/no rule,
-    maximum over aliases), which is exactly what the evaluation reports, so the policy is trained
-    on the number it is evaluated with. ``metric``: ``"f1"`` (the paper's), ``"em"`` or ``"acc"``.
+    :func:`mmoa.metrics.score_answer` under the scoring profile ``scoring`` (by default the
+    MMOA-RAG rules: answer extraction, the yes/no rule, maximum over aliases), the same function
+    and profile names the evaluation reports with, so the policy is trained on the number it is
+    evaluated with. ``metric``: ``"f1"`` (the paper's), ``"em"`` or ``"acc"``.
     """
     if metric not in METRICS:
         raise ValueError(f"unknown reward metric {metric!r}; expected one of {list(METRICS)}")
-    return float(getattr(score_answer(prediction, golds, normalizer=normalizer), metric))
+    return float(getattr(score_answer(prediction, golds, profile=scoring), metric))
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ def compute_agent_rewards(
     *,
     config: PenaltyConfig | None = None,
     metric: str = "f1",
-    normalizer: str = "mmoa",
+    scoring: str = DEFAULT_PROFILE,
 ) -> AgentRewards:
     """Shared reward and per-agent penalties of one question, from the three parse results.
 
@@ -248,6 +249,6 @@ def compute_agent_rewards(
     if answer is not None:
         penalties["generator"] = generator_penalty(answer, config)
     return AgentRewards(
-        shared=shared_reward(prediction, golds, metric=metric, normalizer=normalizer),
+        shared=shared_reward(prediction, golds, metric=metric, scoring=scoring),
         penalties=penalties,
     )

@@ -203,7 +203,7 @@ class MappoTrainer(Trainer):
                 trace.qr_parse, trace.selection_parse, trace.answer_parse, trace.answer,
                 record.answers, config=self.penalties,
                 metric=self.mappo_args.mappo_reward_metric,
-                normalizer=self.mappo_args.mappo_normalizer)
+                scoring=self.mappo_args.mappo_scoring)
             logs["answer_f1"].append(rewards.shared)
             for agent in ("qr", "selector", "generator"):
                 logs[f"penalty_rate/{agent}"].append(float(rewards.penalties[agent].fired))
@@ -276,6 +276,11 @@ class MappoTrainer(Trainer):
         else:
             model = self.accelerator.prepare_model(self.model)
             drive = {"backward": self.accelerator.backward}
+            if self.args.world_size > 1:
+                drive["no_sync"] = self.accelerator.no_sync
+        if self.args.world_size > 1:
+            drive["all_reduce"] = lambda tensor: self.accelerator.reduce(
+                tensor.to(self.accelerator.device), reduction="sum")
         self.model_wrapped = model
         learner = PPOLearner(
             model, self.optimizer, self.ppo_config, self._pad_id(),
