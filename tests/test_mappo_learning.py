@@ -174,3 +174,67 @@ def test_ppo_learner_raises_the_reward_on_a_known_task() -> None:
     _, after = rollout()
     assert before < 0.25, before
     assert after > 0.6, (before, history, after)
+
+
+def _learner(threshold: float) -> tuple[PPOLearner, PolicyWithValue]:
+    policy = _tiny_policy(seed=4)
+    model = PolicyWithValue(policy, ValueHead(32), ref_model=copy.deepcopy(policy).eval())
+    config = PPOConfig(ppo_epochs=2, mini_batch_size=2, ratio_threshold=threshold)
+    return PPOLearner(model, torch.optim.SGD(model.parameters(), lr=0.5), config, pad_id=0,
+                      generator=torch.Generator().manual_seed(0)), model
+
+
+def _four_samples() -> list[Sample]:
+    return [Sample("qr", [2, 3, 4], [5, 6, EOS], 1.0), Sample("qr", [2, 3], [7, EOS], 0.0),
+            Sample("generator", [2, 8], [9, EOS], 1.0), Sample("selector", [2], [4, EOS], 0.0)]
+
+
+def test_a_mean_ratio_above_the_threshold_skips_the_mini_batch() -> None:
+    """At the first mini-batch the ratio is 1; a threshold below 1 must skip every update and
+    leave the weights as they were, and the default (10) must skip none."""
+    learner, model = _learner(threshold=0.5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    stats = learner.update(learner.prepare(_four_samples()))
+    assert stats["ratio_skips"] == stats["updates"] == 4.0
+    assert stats["skipped_updates"] == 0.0  # not reported as a non-finite loss
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    learner, model = _learner(threshold=PPOConfig().ratio_threshold)
+    stats = learner.update(learner.prepare(_four_samples()))
+    assert stats["ratio_skips"] == 0.0 and PPOConfig().ratio_threshold == 10.0
+
+
+def test_empty_responses_are_dropped_not_fatal() -> None:
+    learner, _ = _learner(threshold=10.0)
+    samples = [*_four_samples(), Sample("generator", [2, 5], [], 1.0)]
+    rollout = learner.prepare(samples)
+    assert len(rollout.samples) == 4 and learner.dropped_empty == 1
+    assert rollout.old_logprobs.shape[0] == 4
+    learner.update(rollout)
+    with pytest.raises(ValueError, match="empty responses"):
+        learner.prepare([Sample("qr", [2], [], 0.0)])
+
+
+def test_fp16_and_a_resumed_sft_adapter_are_refused() -> None:
+    """fp16 would clip scaled gradients; resuming the SFT LoRA adapter would make the KL
+    reference (adapter disabled) the pre-SFT base model."""
+    from types import SimpleNamespace
+
+    from mmoa.train.mappo.workflow import check_training_setup
+
+    model_args = SimpleNamespace(adapter_name_or_path=None)
+    lora = SimpleNamespace(finetuning_type="lora", create_new_adapter=False)
+    with pytest.raises(ValueError, match="fp16"):
+        check_training_setup(model_args, SimpleNamespace(fp16=True), lora)
+    sft_adapter = SimpleNamespace(adapter_name_or_path=["saves/x/lora/sft"])
+    with pytest.raises(ValueError, match="create_new_adapter: true"):
+        check_training_setup(sft_adapter, SimpleNamespace(fp16=False), lora)
+    check_training_setup(sft_adapter, SimpleNamespace(fp16=False),
+                         SimpleNamespace(finetuning_type="lora", create_new_adapter=True))
+    check_training_setup(model_args, SimpleNamespace(fp16=False), lora)
+
+
+def test_the_logged_entropy_builds_no_graph() -> None:
+    """The entropy is only logged: it must not keep a [B, T, vocab] softmax for backward."""
+    _, model = _learner(threshold=10.0)
+    logprobs, _, entropy = model(collate(_four_samples(), 0), with_entropy=True)
+    assert logprobs.requires_grad and entropy is not None and not entropy.requires_grad

@@ -313,3 +313,36 @@ def test_generator_words_outside_the_bold_span_count() -> None:
     assert out.answer == "Paris" and out.answer_words == 1 and out.num_words == 61
     out = parse_answer("Let me explain at length.\nAnswer: Paris")
     assert out.answer == "Paris" and out.answer_words == 1 and out.num_words == 7
+
+
+def test_the_pipeline_keeps_the_configured_number_of_subquestions() -> None:
+    """``GenerationSettings.max_subquestions`` (MAPPO's ``mappo_qr_max_subquestions``) decides
+    how many sub-questions reach the retriever, not a constant in the parser."""
+    from mmoa.agents.pipeline import AgentCall, GenerationSettings, RagPipeline
+
+    class Canned(RagPipeline):
+        def generate(self, agent, prompts, processor_for=None):  # no model: fixed outputs
+            text = {"qr": "q1?\nq2?\nq3?\nq4?\nq5?\nq6?", "selector": "Document0",
+                    "generator": "**x**"}[agent]
+            return [AgentCall(agent, p, [], [1], text) for p in prompts]
+
+    class Docs:
+        def search_documents(self, queries, k):
+            return [[{"id": f"{q}-{i}", "contents": f"T\n{q} {i}"} for i in range(k)]
+                    for q in queries]
+
+    from mmoa.agents.render import PromptRenderer
+
+    class NoTokenizer(PromptRenderer):
+        stop_token_ids = (1,)  # type: ignore[assignment]
+
+        def __init__(self) -> None:  # the canned outputs need no chat template
+            pass
+
+    renderer = NoTokenizer()
+    for limit, expected in ((2, 2), (6, 6)):
+        pipeline = Canned(None, None, renderer, Docs(), k=3,  # type: ignore[arg-type]
+                          settings=GenerationSettings(max_subquestions=limit))
+        trace = pipeline.run(["Q?"])[0]
+        assert len(trace.subquestions) == expected
+        assert trace.qr_parse is not None and trace.qr_parse.raw_count == 6

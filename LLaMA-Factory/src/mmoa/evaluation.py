@@ -24,6 +24,7 @@ from mmoa.data.loaders import AMBIGQA_ANSWER_SETS, DEFAULT_AMBIGQA_ANSWERS
 from mmoa.data.records import QARecord
 from mmoa.data.registry import load_dataset_records
 from mmoa.data.support import GoldSupport
+from mmoa.defaults import MAX_NEW_TOKENS
 from mmoa.fileio import atomic_write_json, atomic_write_jsonl
 from mmoa.metrics import DEFAULT_PROFILE, get_profile, score_answer
 from mmoa.precision import autocast, check_precision_name, resolve_precision
@@ -54,9 +55,9 @@ class EvalConfig:
     scoring: str = DEFAULT_PROFILE
     #: The gold answer set of an AmbigQA file (see :mod:`mmoa.data.loaders`).
     ambigqa_answers: str = DEFAULT_AMBIGQA_ANSWERS
-    max_new_tokens_qr: int = 100
-    max_new_tokens_selector: int = 32
-    max_new_tokens_generator: int = 100
+    max_new_tokens_qr: int = MAX_NEW_TOKENS["qr"]
+    max_new_tokens_selector: int = MAX_NEW_TOKENS["selector"]
+    max_new_tokens_generator: int = MAX_NEW_TOKENS["generator"]
     #: ``auto`` (bf16 autocast where the hardware has bf16, see :mod:`mmoa.precision`), ``bf16``
     #: or ``fp32``.
     precision: str = "auto"

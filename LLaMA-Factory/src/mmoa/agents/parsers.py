@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from mmoa.defaults import QR_MAX_CHARS, QR_MAX_SUBQUESTIONS
+
 __all__ = [
     "AnswerParse",
     "SelectionParse",
@@ -72,9 +74,9 @@ def parse_subquestions(
     text: str,
     original_question: str,
     *,
-    max_subquestions: int = 4,
-    max_lines: int = 4,
-    max_chars: int = 300,
+    max_subquestions: int = QR_MAX_SUBQUESTIONS,
+    max_lines: int = QR_MAX_SUBQUESTIONS,
+    max_chars: int = QR_MAX_CHARS,
 ) -> SubquestionParse:
     """Split the Query Rewriter's output into sub-questions, one per line.
 

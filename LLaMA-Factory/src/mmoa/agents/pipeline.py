@@ -40,6 +40,7 @@ from mmoa.agents.prompts import (
     selector_prompt,
 )
 from mmoa.agents.render import PromptRenderer
+from mmoa.defaults import MAX_NEW_TOKENS, QR_MAX_SUBQUESTIONS, ROLLOUT_TEMPERATURE, ROLLOUT_TOP_P
 
 if TYPE_CHECKING:
     from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
@@ -70,13 +71,13 @@ class GenerationSettings:
     """Decoding settings; ``do_sample=False`` is greedy (evaluation), True is rollout sampling."""
 
     do_sample: bool = False
-    temperature: float = 0.95
-    top_p: float = 0.9
+    temperature: float = ROLLOUT_TEMPERATURE
+    top_p: float = ROLLOUT_TOP_P
     top_k: int = 0
-    max_new_tokens: dict[str, int] = field(
-        default_factory=lambda: {"qr": 100, "selector": 32, "generator": 100}
-    )
+    max_new_tokens: dict[str, int] = field(default_factory=lambda: dict(MAX_NEW_TOKENS))
     constrained_selector: bool = True
+    #: Sub-questions kept from the Query Rewriter's output (the MAPPO penalty's limit too).
+    max_subquestions: int = QR_MAX_SUBQUESTIONS
     #: Keep the log-probability of each sampled token under the distribution it was drawn from
     #: (after temperature, top-p and the Selector's grammar mask): ``AgentCall.sampling_logprobs``.
     #: A diagnostic of how far the scored policy is from the sampling one; it asks ``generate``
@@ -190,7 +191,9 @@ class RagPipeline:
             calls = self.generate("qr", [qr_prompt(t.question) for t in traces])
             for trace, call in zip(traces, calls, strict=True):
                 trace.calls["qr"] = call
-                trace.qr_parse = parse_subquestions(call.response_text, trace.question)
+                trace.qr_parse = parse_subquestions(
+                    call.response_text, trace.question,
+                    max_subquestions=self.settings.max_subquestions)
                 trace.subquestions = trace.qr_parse.subquestions
             timings.qr = time.perf_counter() - start
         else:

@@ -18,9 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from mmoa.defaults import QR_MAX_SUBQUESTIONS
+
 AgentName = Literal["qr", "selector", "generator"]
 AGENTS: tuple[AgentName, ...] = ("qr", "selector", "generator")
-MAX_SUBQUESTIONS = 4
+MAX_SUBQUESTIONS = QR_MAX_SUBQUESTIONS
 
 QR_SYSTEM = "You turn a question into simple search queries."
 QR_INSTRUCTION = (

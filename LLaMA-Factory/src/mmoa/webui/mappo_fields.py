@@ -13,6 +13,7 @@ from dataclasses import MISSING, dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from mmoa.agents.prompts import AGENTS
+from mmoa.metrics import SCORING_PROFILES
 from mmoa.train.mappo.args import MappoArguments
 
 if TYPE_CHECKING:
@@ -119,6 +120,9 @@ MAPPO_FIELDS: tuple[MappoField, ...] = (
                "the others still act, with frozen behaviour", "agents"),
     MappoField("mappo_reward_metric", "mappo_reward_metric", "Shared reward",
                "score of the final answer", "choice", choices=("f1", "em", "acc")),
+    MappoField("mappo_scoring", "mappo_scoring", "Scoring profile",
+               "normaliser and rules of the reward (as the evaluation's --scoring)", "choice",
+               choices=tuple(SCORING_PROFILES)),
     # penalties
     MappoField("mappo_qr_penalty", "mappo_qr_penalty", "QR penalty",
                "too many or too long sub-questions", "float"),
@@ -157,7 +161,8 @@ MAPPO_FIELDS: tuple[MappoField, ...] = (
 
 #: How the accordion lays the fields out (one tuple per row).
 MAPPO_ROWS: tuple[tuple[str, ...], ...] = (
-    ("mappo_retriever_url", "mappo_top_k", "mappo_agents", "mappo_reward_metric"),
+    ("mappo_retriever_url", "mappo_top_k", "mappo_agents", "mappo_reward_metric",
+     "mappo_scoring"),
     ("mappo_qr_penalty", "mappo_selector_penalty", "mappo_generator_penalty"),
     ("mappo_adaptive_kl", "mappo_init_kl_coef", "mappo_min_kl_coef", "mappo_kl_target",
      "mappo_kl_horizon"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from mmoa import defaults
 from mmoa.agents.prompts import AGENTS
 
 PREFIX = "mappo_"
@@ -49,11 +50,13 @@ class MappoArguments:
     mappo_rollout_batch_size: int = field(
         default=16, metadata={"help": "Questions per batched generate call during rollouts."}
     )
-    mappo_temperature: float = field(default=0.95, metadata={"help": "Sampling temperature."})
-    mappo_top_p: float = field(default=0.9, metadata={"help": "Nucleus sampling top-p."})
-    mappo_max_new_tokens_qr: int = 100
-    mappo_max_new_tokens_selector: int = 32
-    mappo_max_new_tokens_generator: int = 100
+    mappo_temperature: float = field(default=defaults.ROLLOUT_TEMPERATURE,
+                                     metadata={"help": "Sampling temperature."})
+    mappo_top_p: float = field(default=defaults.ROLLOUT_TOP_P,
+                               metadata={"help": "Nucleus sampling top-p."})
+    mappo_max_new_tokens_qr: int = defaults.MAX_NEW_TOKENS["qr"]
+    mappo_max_new_tokens_selector: int = defaults.MAX_NEW_TOKENS["selector"]
+    mappo_max_new_tokens_generator: int = defaults.MAX_NEW_TOKENS["generator"]
     mappo_constrained_selector: bool = field(
         default=True, metadata={"help": "Grammar-constrained Selector decoding."}
     )
@@ -69,23 +72,29 @@ class MappoArguments:
         default="mmoa",
         metadata={"help": "Scoring profile of the shared reward, as for the evaluation "
                           "(mmoa, squad or hotpotqa; see mmoa.metrics.SCORING_PROFILES)."})
-    mappo_qr_penalty: float = -0.5
-    mappo_qr_max_subquestions: int = 4
-    mappo_qr_max_chars: int = 300
-    mappo_selector_penalty: float = -1.0
-    mappo_generator_penalty: float = -0.5
-    mappo_generator_max_words: int = 30
+    mappo_qr_penalty: float = defaults.QR_PENALTY
+    mappo_qr_max_subquestions: int = field(
+        default=defaults.QR_MAX_SUBQUESTIONS,
+        metadata={"help": "Sub-questions kept from the Query Rewriter's output; more written "
+                          "costs mappo_qr_penalty."})
+    mappo_qr_max_chars: int = defaults.QR_MAX_CHARS
+    mappo_selector_penalty: float = defaults.SELECTOR_PENALTY
+    mappo_generator_penalty: float = defaults.GENERATOR_PENALTY
+    mappo_generator_max_words: int = defaults.GENERATOR_MAX_WORDS
 
     # PPO
     mappo_adaptive_kl: bool = True
-    mappo_init_kl_coef: float = 0.2
-    mappo_kl_horizon: float = 10000.0
-    mappo_min_kl_coef: float = 0.06
-    mappo_cliprange: float = 0.2
-    mappo_cliprange_value: float = 0.2
-    mappo_vf_coef: float = 0.1
-    mappo_gamma: float = 1.0
-    mappo_lam: float = 0.95
+    mappo_init_kl_coef: float = defaults.INIT_KL_COEF
+    mappo_kl_horizon: float = defaults.KL_HORIZON
+    mappo_min_kl_coef: float = defaults.MIN_KL_COEF
+    mappo_cliprange: float = defaults.CLIPRANGE
+    mappo_cliprange_value: float = defaults.CLIPRANGE_VALUE
+    mappo_vf_coef: float = defaults.VF_COEF
+    mappo_gamma: float = defaults.GAMMA
+    mappo_lam: float = defaults.LAM
+    mappo_ratio_threshold: float = field(
+        default=defaults.RATIO_THRESHOLD,
+        metadata={"help": "Skip a PPO mini-batch whose mean probability ratio is above this."})
     mappo_whiten_advantages: bool = True
     mappo_max_nonfinite_steps: int = field(
         default=3, metadata={"help": "Consecutive non-finite losses before the run stops."}

@@ -9,7 +9,8 @@ Given samples (prompt ids, response ids, score) from any agents, :class:`PPOLear
    the pooled batch;
 3. runs ``ppo_epochs`` epochs of shuffled mini-batches with the clipped policy loss plus
    ``vf_coef`` times the clipped value loss, gradient accumulation and gradient clipping,
-   skipping any update whose loss is not finite;
+   skipping any update whose loss is not finite or whose mean probability ratio is above
+   ``ratio_threshold`` (the policy is already far from the one that sampled: trl's rule);
 4. updates the KL controller.
 
 It knows nothing about retrieval, prompts or HF's Trainer, so the learning test drives exactly
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mmoa import defaults
 from mmoa.train.mappo.ppo_math import (
     AdaptiveKLController,
     FixedKLController,
@@ -109,7 +111,10 @@ class PolicyWithValue(nn.Module):
         logits = self._scaled(logits)
         logprobs = logprobs_from_logits(logits, batch.response_ids)
         values = self.v_head(hidden).float()
-        entropy = entropy_from_logits(logits) if with_entropy else None
+        entropy = None
+        if with_entropy:  # logged only: no graph over a [B, T, vocab] softmax
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach())
         return logprobs, values, entropy
 
     @torch.no_grad()
@@ -195,23 +200,24 @@ def response_hidden_and_logits(model: nn.Module, batch: SampleBatch,
 class PPOConfig:
     """The PPO settings the learner needs (mapped from MappoArguments + LLaMA-Factory keys)."""
 
-    ppo_epochs: int = 2
+    ppo_epochs: int = defaults.PPO_EPOCHS
     mini_batch_size: int = 4
     gradient_accumulation_steps: int = 1
     forward_batch_size: int = 8
-    cliprange: float = 0.2
-    cliprange_value: float = 0.2
-    vf_coef: float = 0.1
-    gamma: float = 1.0
-    lam: float = 0.95
+    cliprange: float = defaults.CLIPRANGE
+    cliprange_value: float = defaults.CLIPRANGE_VALUE
+    vf_coef: float = defaults.VF_COEF
+    gamma: float = defaults.GAMMA
+    lam: float = defaults.LAM
     whiten_advantages: bool = True
     whiten_rewards: bool = False
     max_grad_norm: float = 1.0
     adaptive_kl: bool = True
-    init_kl_coef: float = 0.2
-    kl_target: float = 6.0
-    kl_horizon: float = 10000.0
-    min_kl_coef: float = 0.06
+    init_kl_coef: float = defaults.INIT_KL_COEF
+    kl_target: float = defaults.KL_TARGET
+    kl_horizon: float = defaults.KL_HORIZON
+    min_kl_coef: float = defaults.MIN_KL_COEF
+    ratio_threshold: float = defaults.RATIO_THRESHOLD
 
 
 @dataclass
@@ -277,6 +283,10 @@ class PPOLearner:
         self.engine_steps = engine_steps
         self.all_reduce = all_reduce or (lambda tensor: tensor)
         self.no_sync = no_sync
+        #: Samples the last ``prepare`` dropped for an empty response; mini-batch updates the
+        #: last ``update`` skipped for a mean ratio above ``ratio_threshold``.
+        self.dropped_empty = 0
+        self.ratio_skips = 0
         if config.adaptive_kl:
             self.kl_ctl: AdaptiveKLController | FixedKLController = AdaptiveKLController(
                 config.init_kl_coef, config.kl_target, config.kl_horizon, config.min_kl_coef)
@@ -296,7 +306,15 @@ class PPOLearner:
 
     @torch.no_grad()
     def prepare(self, samples: Sequence[Sample]) -> Rollout:
-        """Old/reference log-probs and values, rewards with the KL penalty, GAE advantages."""
+        """Old/reference log-probs and values, rewards with the KL penalty, GAE advantages.
+
+        Samples with an empty response (a 0-token action has nothing to reinforce) are dropped:
+        the rollout's ``samples`` are the others, and ``dropped_empty`` counts them."""
+        kept = [s for s in samples if s.response_ids]
+        if not kept:
+            raise ValueError(f"all {len(samples)} samples have empty responses")
+        self.dropped_empty = len(samples) - len(kept)
+        samples = kept
         policy = self.unwrap(self.model)
         was_training = policy.training
         policy.eval()
@@ -335,6 +353,7 @@ class PPOLearner:
         n = len(rollout.samples)
         micro = max(1, cfg.mini_batch_size)
         skipped = 0
+        self.ratio_skips = 0
         for _ in range(cfg.ppo_epochs):
             batches = minibatches(n, micro, self.generator)
             for start in range(0, len(batches), cfg.gradient_accumulation_steps):
@@ -343,20 +362,28 @@ class PPOLearner:
                     skipped += self._engine_group(rollout, group, stats)
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
-                finite = True
+                skip: str | None = None
                 for position, indices in enumerate(group):
                     loss, step_stats = self._loss(rollout, indices, len(group))
+                    # decided on every process alike: a process that left out a backward
+                    # alone would wait forever in the others' gradient all-reduce
                     if self._on_any_process(not bool(torch.isfinite(loss))):
-                        finite = False
+                        skip = "nonfinite"
+                        break
+                    if self._on_any_process(self._ratio_too_high(step_stats)):
+                        skip = "ratio"
                         break
                     boundary = position == len(group) - 1
                     with self._sync_context(boundary):
                         self.backward(loss)
                     for key, value in step_stats.items():
                         stats[key].append(value)
-                if not finite:
+                if skip is not None:
                     self.optimizer.zero_grad(set_to_none=True)
-                    skipped += 1
+                    if skip == "nonfinite":
+                        skipped += 1
+                    else:
+                        self.ratio_skips += 1
                     continue
                 grad_norm = self.clip_grad(self.model.parameters(), cfg.max_grad_norm)
                 if grad_norm is not None and not math.isfinite(float(grad_norm)):
@@ -367,6 +394,7 @@ class PPOLearner:
                 self.optimizer.step()
         out = {k: sum(v) / len(v) for k, v in stats.items() if v}
         out["skipped_updates"] = float(skipped)
+        out["ratio_skips"] = float(self.ratio_skips)
         out["updates"] = float(cfg.ppo_epochs * math.ceil(len(range(0, n, micro))
                                                           / cfg.gradient_accumulation_steps))
         return out
@@ -379,12 +407,15 @@ class PPOLearner:
         for position, indices in enumerate(group):
             loss, step_stats = self._loss(rollout, indices, len(group))
             # agreed, so every process counts the same skipped updates (and stops together)
-            if not self._on_any_process(not bool(torch.isfinite(loss))):
-                for key, value in step_stats.items():
-                    stats[key].append(value)
-            else:
+            if self._on_any_process(not bool(torch.isfinite(loss))):
                 nonfinite = 1
                 loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0) * 0.0
+            elif self._on_any_process(self._ratio_too_high(step_stats)):
+                self.ratio_skips += 1
+                loss = loss * 0.0  # the engine counts the micro-batch; it moves nothing
+            else:
+                for key, value in step_stats.items():
+                    stats[key].append(value)
             self.backward(loss, position == len(group) - 1)  # type: ignore[call-arg]
         grad_norm = self.clip_grad(self.model.parameters(), self.config.max_grad_norm)
         if grad_norm is not None and math.isfinite(float(grad_norm)):
@@ -430,6 +461,9 @@ class PPOLearner:
         mean_kl = kl_sum / count
         self.kl_ctl.update(mean_kl, count)
         return mean_kl
+
+    def _ratio_too_high(self, step_stats: dict[str, float]) -> bool:
+        return step_stats.get("ratio_mean", 0.0) > self.config.ratio_threshold
 
     def _on_any_process(self, flag: bool) -> bool:
         """True everywhere when ``flag`` is true on at least one process."""

@@ -39,6 +39,8 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from mmoa import defaults
+
 __all__ = [
     "KL_KINDS",
     "AdaptiveKLController",
@@ -285,7 +287,7 @@ def token_rewards(
     * ``rewards = non_score_reward`` plus ``scores[i]`` on the last real token of row ``i``.
 
     A row with no response token (all-false mask) gets no reward anywhere: its score is dropped
-    and all three outputs are 0 in that row. Nothing crashes; the trainer drops such samples
+    and all three outputs are 0 in that row. Nothing crashes; the learner drops such samples
     before the update (a 0-token action has nothing to reinforce).
     """
     m = _bool_mask(logprobs, mask, "logprobs")
@@ -375,8 +377,8 @@ def policy_loss(
 
     Returns ``(loss, stats)`` with detached 0-dim stats: ``clipfrac`` (fraction of tokens where the
     clipped term was taken, i.e. the gradient is cut), ``approx_kl`` (``0.5 * mean((logp -
-    old)^2)``, as trl), ``policy_kl`` (``mean(old - logp)``), ``ratio_mean`` (the trainer skips a
-    mini-batch when it is above its ratio threshold, 10 in the original).
+    old)^2)``, as trl), ``policy_kl`` (``mean(old - logp)``), ``ratio_mean`` (the learner skips a
+    mini-batch when it is above ``PPOConfig.ratio_threshold``, 10 as in trl).
     """
     m = _bool_mask(logprobs, mask, "logprobs")
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
@@ -497,10 +499,10 @@ class AdaptiveKLController:
     KL stays below target for a long time, which otherwise decays beta towards 0.
     """
 
-    init_kl_coef: float = 0.2
-    target: float = 6.0
-    horizon: float = 10000.0
-    min_kl_coef: float = 0.06
+    init_kl_coef: float = defaults.INIT_KL_COEF
+    target: float = defaults.KL_TARGET
+    horizon: float = defaults.KL_HORIZON
+    min_kl_coef: float = defaults.MIN_KL_COEF
 
     def __post_init__(self) -> None:
         for name in ("init_kl_coef", "target", "horizon"):
@@ -543,7 +545,7 @@ class AdaptiveKLController:
 class FixedKLController:
     """A constant KL coefficient (trl's ``adap_kl_ctrl=False``)."""
 
-    kl_coef: float = 0.2
+    kl_coef: float = defaults.INIT_KL_COEF
 
     def __post_init__(self) -> None:
         if not _finite_float(self.kl_coef, "kl_coef") >= 0:

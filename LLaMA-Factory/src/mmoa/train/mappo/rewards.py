@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mmoa import defaults
 from mmoa.agents.parsers import AnswerParse, SelectionParse, SubquestionParse
 from mmoa.agents.prompts import AGENTS, AgentName
 from mmoa.metrics import DEFAULT_PROFILE, score_answer
@@ -64,14 +65,14 @@ class PenaltyConfig:
     docstring for the decisions where it does not.
     """
 
-    qr_penalty: float = -0.5
-    qr_max_subquestions: int = 4
-    qr_max_chars: int = 300
+    qr_penalty: float = defaults.QR_PENALTY
+    qr_max_subquestions: int = defaults.QR_MAX_SUBQUESTIONS
+    qr_max_chars: int = defaults.QR_MAX_CHARS
     qr_penalize_empty: bool = True
-    selector_penalty: float = -1.0
+    selector_penalty: float = defaults.SELECTOR_PENALTY
     selector_penalize_empty: bool = False
-    generator_penalty: float = -0.5
-    generator_max_words: int = 30
+    generator_penalty: float = defaults.GENERATOR_PENALTY
+    generator_max_words: int = defaults.GENERATOR_MAX_WORDS
     generator_format_penalty: float = 0.0
 
     def __post_init__(self) -> None:

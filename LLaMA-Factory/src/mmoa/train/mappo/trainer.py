@@ -135,6 +135,7 @@ class MappoTrainer(Trainer):
             kl_target=kl_target,
             kl_horizon=mappo_args.mappo_kl_horizon,
             min_kl_coef=mappo_args.mappo_min_kl_coef,
+            ratio_threshold=mappo_args.mappo_ratio_threshold,
         )
         self._stop_signal: int | None = None
         self._nonfinite_in_a_row = 0
@@ -181,6 +182,7 @@ class MappoTrainer(Trainer):
             max_new_tokens=self.mappo_args.max_new_tokens(),
             constrained_selector=self.mappo_args.mappo_constrained_selector,
             record_logprobs=self.mappo_args.mappo_log_behaviour_ratio,
+            max_subquestions=self.mappo_args.mappo_qr_max_subquestions,
         )
         pipeline = RagPipeline(policy, self.processing_class, self.renderer, self.retriever,
                                mode="qr_s_g", k=self.mappo_args.mappo_top_k, settings=settings)
@@ -198,7 +200,10 @@ class MappoTrainer(Trainer):
         samples: list[Sample] = []
         logs: dict[str, list[float]] = defaultdict(list)
         for record, trace in zip(records, traces, strict=True):
-            assert trace.qr_parse and trace.selection_parse and trace.answer_parse
+            if trace.qr_parse is None or trace.selection_parse is None \
+                    or trace.answer_parse is None:
+                raise RuntimeError(f"the qr_s_g rollout of {record.id!r} has an agent without a "
+                                   "parsed output")
             rewards = compute_agent_rewards(
                 trace.qr_parse, trace.selection_parse, trace.answer_parse, trace.answer,
                 record.answers, config=self.penalties,
@@ -382,6 +387,8 @@ class MappoTrainer(Trainer):
             "clipfrac": stats.get("clipfrac", float("nan")),
             "approx_kl": stats.get("approx_kl", float("nan")),
             "grad_norm": stats.get("grad_norm", float("nan")),
+            "ratio_skips": stats.get("ratio_skips", 0.0),
+            "dropped_empty": float(learner.dropped_empty),
             "kl": kl,
             "kl_coef": float(learner.kl_ctl.value),
             "learning_rate": float(self.optimizer.param_groups[0]["lr"]),

@@ -35,6 +35,30 @@ def load_mappo_records(dataset: str, dataset_dir: str, max_samples: int | None) 
     return records
 
 
+def check_training_setup(model_args: Any, training_args: Any, finetuning_args: Any) -> None:
+    """Refuse set-ups that would train something other than what the user asked for.
+
+    * ``fp16``: the loss would be scaled and the gradients clipped unscaled (no GradScaler in
+      this loop); bf16 or fp32 train correctly.
+    * LoRA with ``adapter_name_or_path`` (an SFT adapter) and ``create_new_adapter: false``:
+      LLaMA-Factory would resume training that adapter, and the KL reference (the model with the
+      adapter disabled) would be the base model before SFT, not the warm start.
+      ``create_new_adapter: true`` merges the SFT adapter into the base and trains a new one on
+      top, so the reference is the warm start.
+    """
+    if getattr(training_args, "fp16", False):
+        raise ValueError("the mappo stage does not support fp16 (its loss scaling would leave "
+                         "the gradients unscaled at clipping): use bf16: true or fp32")
+    if finetuning_args.finetuning_type == "lora" and model_args.adapter_name_or_path \
+            and not finetuning_args.create_new_adapter:
+        raise ValueError(
+            f"adapter_name_or_path={','.join(model_args.adapter_name_or_path)} with LoRA would "
+            "resume that adapter, and the KL reference (adapter disabled) would be the base "
+            "model, not the warm start: set create_new_adapter: true (merges the SFT adapter "
+            "and trains a new one), or merge it first (mmoa-cli export) and pass the merged "
+            "model as model_name_or_path")
+
+
 def check_retriever(mappo_args: MappoArguments) -> Any:
     from mmoa.retrieval.client import RetrievalClient
 
@@ -93,6 +117,7 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
     mappo_args, rest = split_mappo_args(config)
     rest.setdefault("do_train", True)
     model_args, data_args, training_args, finetuning_args, _ = get_train_args(rest)
+    check_training_setup(model_args, training_args, finetuning_args)
     if not data_args.dataset:
         raise ValueError("the mappo stage needs `dataset` (a MAPPO prompt set)")
     records = load_mappo_records(",".join(data_args.dataset), data_args.dataset_dir,

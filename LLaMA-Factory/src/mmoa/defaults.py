@@ -1,0 +1,47 @@
+"""The project's defaults, defined once: the MMOA-RAG paper's hyperparameters and the agents'
+token budgets.
+
+The rollout settings, the penalties, the PPO update, the KL controller and the evaluation are
+configured by separate dataclasses (``GenerationSettings``, ``PenaltyConfig``, ``PPOConfig``,
+``AdaptiveKLController``, ``MappoArguments``, ``EvalConfig``); each takes its defaults from here,
+so a value changed here changes everywhere and no copy can drift. Sources: MMOA-RAG Table 6 and
+section 3.3, and its released code where the paper is silent (``../shared/reference``).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+#: New tokens per agent turn: the original's 100 for the Query Rewriter and the Generator; 32 for
+#: the Selector (its 29 fit "Document0,...,Document9" in the original tokenizer, not in every one).
+MAX_NEW_TOKENS = MappingProxyType({"qr": 100, "selector": 32, "generator": 100})
+
+# Rollout sampling (evaluation is greedy).
+ROLLOUT_TEMPERATURE = 0.95
+ROLLOUT_TOP_P = 0.9
+
+# Query Rewriter: the sub-questions kept and the limits of its format penalty.
+QR_MAX_SUBQUESTIONS = 4
+QR_MAX_CHARS = 300
+
+# Penalties (<= 0, added to the shared reward) and the Generator's length limit.
+QR_PENALTY = -0.5
+SELECTOR_PENALTY = -1.0
+GENERATOR_PENALTY = -0.5
+GENERATOR_MAX_WORDS = 30
+
+# PPO.
+PPO_EPOCHS = 2
+CLIPRANGE = 0.2
+CLIPRANGE_VALUE = 0.2
+VF_COEF = 0.1
+GAMMA = 1.0
+LAM = 0.95
+#: A mini-batch whose mean probability ratio exceeds this is skipped (trl's ratio_threshold).
+RATIO_THRESHOLD = 10.0
+
+# Adaptive KL controller: beta from 0.2 (the paper's beta_max) towards target 6, floor 0.06.
+INIT_KL_COEF = 0.2
+KL_TARGET = 6.0
+KL_HORIZON = 10000.0
+MIN_KL_COEF = 0.06
