@@ -10,4 +10,5 @@ source .venv/bin/activate
 echo "[tests] ruff check"
 ruff check .
 echo "[tests] pytest"
-python -m pytest "$@"
+# --durations: the slowest tests, to keep the suite within its 15-minute budget
+python -m pytest --durations=15 "$@"

@@ -101,9 +101,10 @@ def test_trace_prompts_are_the_one_prompt_definition(tiny_model_dir: Path,
 
 
 def _behaviour_ratios(tiny_model_dir: Path, tiny_world_dir: Path, tiny_server_url: str,
-                      *, constrained: bool, score_temperature: float) -> dict[str, float]:
+                      *, constrained: bool, score_temperatures: tuple[float, ...]
+                      ) -> list[dict[str, float]]:
     """Roll out 4 questions with sampling at temperature 0.7 (no top-p), recording each token's
-    sampling log-prob, then score them as the MAPPO learner does."""
+    sampling log-prob, then score them as the MAPPO learner does at each temperature given."""
     import copy
 
     import torch
@@ -132,24 +133,25 @@ def _behaviour_ratios(tiny_model_dir: Path, tiny_world_dir: Path, tiny_server_ur
                for trace in pipeline.run([r.question for r in records])
                for call in trace.calls.values()]
     assert all(len(s.sampling_logprobs or []) == len(s.response_ids) for s in samples)
-    policy = PolicyWithValue(model, ValueHead(model.config.hidden_size),
-                             ref_model=copy.deepcopy(model), temperature=score_temperature)
-    learner = PPOLearner(policy, torch.optim.SGD(policy.parameters(), lr=0.0), PPOConfig(),
-                         pad_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
-    return behaviour_ratio_stats(learner.prepare(samples))
+    out = []
+    for temperature in score_temperatures:
+        policy = PolicyWithValue(model, ValueHead(model.config.hidden_size),
+                                 ref_model=copy.deepcopy(model), temperature=temperature)
+        learner = PPOLearner(policy, torch.optim.SGD(policy.parameters(), lr=0.0), PPOConfig(),
+                             pad_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+        out.append(behaviour_ratio_stats(learner.prepare(samples)))
+    return out
 
 
 def test_the_scored_policy_is_the_sampled_one(tiny_model_dir: Path, tiny_world_dir: Path,
                                               tiny_server_url: str) -> None:
     """Old log-probs taken at the sampling temperature equal the log-probs the tokens were drawn
     with (ratio 1 up to float noise); taken at temperature 1, as before, they do not."""
-    at_sampling = _behaviour_ratios(tiny_model_dir, tiny_world_dir, tiny_server_url,
-                                    constrained=False, score_temperature=0.7)
+    at_sampling, at_one = _behaviour_ratios(tiny_model_dir, tiny_world_dir, tiny_server_url,
+                                            constrained=False, score_temperatures=(0.7, 1.0))
     assert at_sampling["behaviour_ratio/mean"] == pytest.approx(1.0, abs=1e-4)
     assert 1 - 1e-3 < at_sampling["behaviour_ratio/min"] <= at_sampling[
         "behaviour_ratio/max"] < 1 + 1e-3
-    at_one = _behaviour_ratios(tiny_model_dir, tiny_world_dir, tiny_server_url,
-                               constrained=False, score_temperature=1.0)
     assert abs(at_one["behaviour_ratio/mean"] - 1.0) > 0.05 or \
         at_one["behaviour_ratio/max"] - at_one["behaviour_ratio/min"] > 0.1
 
@@ -160,8 +162,8 @@ def test_the_selector_grammar_only_narrows_the_sampler(tiny_model_dir: Path,
     """Under the grammar mask the sampler renormalises over the allowed tokens, so the scored
     probability (the model's own distribution) is at most the sampled one: ratio <= 1 for the
     Selector, still 1 for the unconstrained agents."""
-    stats = _behaviour_ratios(tiny_model_dir, tiny_world_dir, tiny_server_url,
-                              constrained=True, score_temperature=0.7)
+    (stats,) = _behaviour_ratios(tiny_model_dir, tiny_world_dir, tiny_server_url,
+                                 constrained=True, score_temperatures=(0.7,))
     assert stats["behaviour_ratio/selector"] < 1.0
     assert stats["behaviour_ratio/max"] < 1 + 1e-3
     for agent in ("qr", "generator"):
