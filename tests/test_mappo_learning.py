@@ -238,3 +238,21 @@ def test_the_logged_entropy_builds_no_graph() -> None:
     _, model = _learner(threshold=10.0)
     logprobs, _, entropy = model(collate(_four_samples(), 0), with_entropy=True)
     assert logprobs.requires_grad and entropy is not None and not entropy.requires_grad
+
+
+def test_a_step_with_nothing_to_learn_says_why() -> None:
+    from mmoa.train.mappo.learner import nothing_to_learn, rollout_diagnostics
+
+    learner, _ = _learner(threshold=10.0)
+    rollout = learner.prepare(_four_samples())
+    assert rollout_diagnostics(rollout) == {"samples/qr": 2.0, "samples/generator": 1.0,
+                                            "samples/selector": 1.0, "score_std": 0.5}
+    assert nothing_to_learn(rollout, learner.update(rollout)) is None
+    same = [Sample(s.agent, s.prompt_ids, s.response_ids, 1.0) for s in _four_samples()]
+    rollout = learner.prepare(same)
+    assert rollout_diagnostics(rollout)["score_std"] == 0.0
+    assert "all 4 samples scored 1" in nothing_to_learn(rollout, learner.update(rollout))
+    skipping, _ = _learner(threshold=0.5)
+    rollout = skipping.prepare(_four_samples())
+    assert nothing_to_learn(rollout, skipping.update(rollout)) == \
+        "every mini-batch update was skipped"

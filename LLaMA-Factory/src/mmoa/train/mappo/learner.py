@@ -507,6 +507,31 @@ def behaviour_ratio_stats(rollout: Rollout) -> dict[str, float]:
     return out
 
 
+def rollout_diagnostics(rollout: Rollout) -> dict[str, float]:
+    """What the update had to learn from: ``samples/<agent>`` (usable samples per agent) and
+    ``score_std`` (the spread of their scores; 0 means every sample scored the same, so only
+    the value baseline's errors move the policy)."""
+    out: dict[str, float] = defaultdict(float)
+    for sample in rollout.samples:
+        out[f"samples/{sample.agent}"] += 1.0
+    scores = torch.tensor([s.score for s in rollout.samples], dtype=torch.float64)
+    out["score_std"] = float(scores.std(unbiased=False)) if len(scores) else 0.0
+    return dict(out)
+
+
+def nothing_to_learn(rollout: Rollout, stats: dict[str, float]) -> str | None:
+    """Why a step could not change the policy, in words, or ``None``."""
+    scores = {s.score for s in rollout.samples}
+    if stats.get("ratio_skips", 0.0) + stats.get("skipped_updates", 0.0) >= stats["updates"]:
+        return "every mini-batch update was skipped"
+    if stats.get("grad_norm") == 0.0:
+        return "the gradient is zero"
+    if len(scores) == 1:
+        return (f"all {len(rollout.samples)} samples scored {scores.pop():.3g}, so the answer "
+                "reward cannot tell good outputs from bad ones")
+    return None
+
+
 def _pad_cat(chunks: list[torch.Tensor], width: int) -> torch.Tensor:
     padded = [torch.nn.functional.pad(c, (0, width - c.shape[1])) for c in chunks]
     return torch.cat(padded, dim=0)

@@ -53,6 +53,8 @@ from mmoa.train.mappo.learner import (
     PPOConfig,
     PPOLearner,
     behaviour_ratio_stats,
+    nothing_to_learn,
+    rollout_diagnostics,
 )
 from mmoa.train.mappo.log import mappo_logger
 from mmoa.train.mappo.rewards import PenaltyConfig, compute_agent_rewards
@@ -357,12 +359,22 @@ class MappoTrainer(Trainer):
             ) from failure
         t1 = time.perf_counter()
         samples, logs = self.make_samples(records, traces)
+        if self._any_process(not any(s.response_ids for s in samples)):
+            # decided together: one process updating alone would wait in the all-reduce
+            raise TrainingStopped(
+                f"step {step + 1}: no agent wrote a single token on some process (every "
+                "response is empty), so there is nothing to train on; check the chat template "
+                "and the mappo_max_new_tokens_* keys")
         with self.accelerator.autocast():
             rollout = learner.prepare(samples)
         t2 = time.perf_counter()
         logs.update(behaviour_ratio_stats(rollout))
+        logs.update(rollout_diagnostics(rollout))
         stats = learner.update(rollout)
         kl = learner.update_kl(rollout)
+        reason = nothing_to_learn(rollout, stats)
+        if reason is not None:
+            mappo_logger().warning(f"[mappo] step {step + 1}: nothing to learn from ({reason})")
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         t3 = time.perf_counter()
