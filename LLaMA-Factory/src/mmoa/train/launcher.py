@@ -5,6 +5,10 @@ For every stage other than ``mappo`` the command hands its arguments, unchanged,
 the rest behave exactly as with ``llamafactory-cli`` (including its torchrun re-launch on several
 GPUs and its ``key=value`` overrides). Only the stage is read here, with the same OmegaConf
 semantics LLaMA-Factory uses.
+
+Before either runs, :func:`mmoa.preflight.check_train_config` checks that the model folder and
+the datasets exist, so a missing one is a two-line message naming the command that makes it,
+not a hub-lookup traceback from deep inside transformers.
 """
 
 from __future__ import annotations
@@ -51,8 +55,23 @@ def read_train_config(argv: Sequence[str]) -> dict[str, Any]:
 
 
 def run_train(argv: Sequence[str]) -> int:
+    """Check what the config needs, then run stage ``mappo`` here or hand over to LLaMA-Factory.
+
+    A missing model, dataset (or, for ``mappo``, server) raises :class:`PreflightError`; for
+    ``mappo`` it is reported like the stage's other start-up errors instead (``[mappo] error:``
+    on stderr, which the web UI shows, and exit code 1).
+    """
+    from mmoa.preflight import PreflightError, check_train_config
+
     config = read_train_config(argv)
     stage = config.get("stage", "sft")
+    try:
+        check_train_config(config)
+    except PreflightError as err:
+        if stage != MAPPO_STAGE:
+            raise
+        print(err.report("[mappo] error:"), file=sys.stderr, flush=True)
+        return 1
     if stage == MAPPO_STAGE:
         if _wants_torchrun():
             return _relaunch_with_torchrun(argv)
