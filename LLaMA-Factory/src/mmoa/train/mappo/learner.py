@@ -53,6 +53,10 @@ from mmoa.train.mappo.samples import (
 )
 from mmoa.train.mappo.value_head import ValueHead
 
+#: Why the learner left a mini-batch update out (see ``PPOLearner._agreed_skip``).
+NONFINITE = "nonfinite"
+RATIO = "ratio"
+
 
 class PolicyWithValue(nn.Module):
     """The shared policy (a causal LM, possibly a PEFT model) and its value head.
@@ -283,10 +287,8 @@ class PPOLearner:
         self.engine_steps = engine_steps
         self.all_reduce = all_reduce or (lambda tensor: tensor)
         self.no_sync = no_sync
-        #: Samples the last ``prepare`` dropped for an empty response; mini-batch updates the
-        #: last ``update`` skipped for a mean ratio above ``ratio_threshold``.
+        #: Samples the last ``prepare`` dropped for an empty response.
         self.dropped_empty = 0
-        self.ratio_skips = 0
         if config.adaptive_kl:
             self.kl_ctl: AdaptiveKLController | FixedKLController = AdaptiveKLController(
                 config.init_kl_coef, config.kl_target, config.kl_horizon, config.min_kl_coef)
@@ -352,26 +354,22 @@ class PPOLearner:
         stats: dict[str, list[float]] = defaultdict(list)
         n = len(rollout.samples)
         micro = max(1, cfg.mini_batch_size)
-        skipped = 0
-        self.ratio_skips = 0
+        skipped = ratio_skips = 0
         for _ in range(cfg.ppo_epochs):
             batches = minibatches(n, micro, self.generator)
             for start in range(0, len(batches), cfg.gradient_accumulation_steps):
                 group = batches[start: start + cfg.gradient_accumulation_steps]
                 if self.engine_steps:
-                    skipped += self._engine_group(rollout, group, stats)
+                    reasons = self._engine_group(rollout, group, stats)
+                    skipped += NONFINITE in reasons
+                    ratio_skips += RATIO in reasons
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
                 skip: str | None = None
                 for position, indices in enumerate(group):
                     loss, step_stats = self._loss(rollout, indices, len(group))
-                    # decided on every process alike: a process that left out a backward
-                    # alone would wait forever in the others' gradient all-reduce
-                    if self._on_any_process(not bool(torch.isfinite(loss))):
-                        skip = "nonfinite"
-                        break
-                    if self._on_any_process(self._ratio_too_high(step_stats)):
-                        skip = "ratio"
+                    skip = self._agreed_skip(loss, step_stats)
+                    if skip is not None:
                         break
                     boundary = position == len(group) - 1
                     with self._sync_context(boundary):
@@ -380,10 +378,8 @@ class PPOLearner:
                         stats[key].append(value)
                 if skip is not None:
                     self.optimizer.zero_grad(set_to_none=True)
-                    if skip == "nonfinite":
-                        skipped += 1
-                    else:
-                        self.ratio_skips += 1
+                    skipped += skip == NONFINITE
+                    ratio_skips += skip == RATIO
                     continue
                 grad_norm = self.clip_grad(self.model.parameters(), cfg.max_grad_norm)
                 if grad_norm is not None and not math.isfinite(float(grad_norm)):
@@ -394,33 +390,31 @@ class PPOLearner:
                 self.optimizer.step()
         out = {k: sum(v) / len(v) for k, v in stats.items() if v}
         out["skipped_updates"] = float(skipped)
-        out["ratio_skips"] = float(self.ratio_skips)
+        out["ratio_skips"] = float(ratio_skips)
         out["updates"] = float(cfg.ppo_epochs * math.ceil(len(range(0, n, micro))
                                                           / cfg.gradient_accumulation_steps))
         return out
 
     def _engine_group(self, rollout: Rollout, group: list[list[int]],
-                      stats: dict[str, list[float]]) -> int:
-        """One accumulation group under an engine that steps itself; returns 1 if a micro-batch
-        had a non-finite loss (it back-propagated zero), else 0."""
-        nonfinite = 0
+                      stats: dict[str, list[float]]) -> set[str]:
+        """One accumulation group under an engine that steps itself; returns why micro-batches
+        of it were left out (``NONFINITE``, ``RATIO``): each back-propagated zero instead, as
+        the engine counts every micro-batch."""
+        reasons: set[str] = set()
         for position, indices in enumerate(group):
             loss, step_stats = self._loss(rollout, indices, len(group))
-            # agreed, so every process counts the same skipped updates (and stops together)
-            if self._on_any_process(not bool(torch.isfinite(loss))):
-                nonfinite = 1
-                loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0) * 0.0
-            elif self._on_any_process(self._ratio_too_high(step_stats)):
-                self.ratio_skips += 1
-                loss = loss * 0.0  # the engine counts the micro-batch; it moves nothing
-            else:
+            skip = self._agreed_skip(loss, step_stats)
+            if skip is None:
                 for key, value in step_stats.items():
                     stats[key].append(value)
+            else:
+                reasons.add(skip)
+                loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0) * 0.0
             self.backward(loss, position == len(group) - 1)  # type: ignore[call-arg]
         grad_norm = self.clip_grad(self.model.parameters(), self.config.max_grad_norm)
         if grad_norm is not None and math.isfinite(float(grad_norm)):
             stats["grad_norm"].append(float(grad_norm))
-        return nonfinite
+        return reasons
 
     def _loss(self, rollout: Rollout, indices: list[int], group_size: int
               ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -462,12 +456,18 @@ class PPOLearner:
         self.kl_ctl.update(mean_kl, count)
         return mean_kl
 
-    def _ratio_too_high(self, step_stats: dict[str, float]) -> bool:
-        return step_stats.get("ratio_mean", 0.0) > self.config.ratio_threshold
-
-    def _on_any_process(self, flag: bool) -> bool:
-        """True everywhere when ``flag`` is true on at least one process."""
-        return bool(self.all_reduce(torch.tensor([float(flag)], device=self.device)).item() > 0)
+    def _agreed_skip(self, loss: torch.Tensor, step_stats: dict[str, float]) -> str | None:
+        """Whether to leave this micro-batch's update out, and why (``NONFINITE``, ``RATIO``),
+        decided on every process alike with one all-reduce: a process that left out a backward
+        alone would wait forever in the others' gradient all-reduce, and every process must
+        count the same skipped updates to stop together."""
+        flags = torch.tensor([float(not bool(torch.isfinite(loss))),
+                              float(step_stats.get("ratio_mean", 0.0)
+                                    > self.config.ratio_threshold)], device=self.device)
+        on_any = self.all_reduce(flags) > 0
+        if on_any[0]:
+            return NONFINITE
+        return RATIO if on_any[1] else None
 
     def _sync_context(self, boundary: bool) -> contextlib.AbstractContextManager[Any]:
         if boundary or self.no_sync is None:

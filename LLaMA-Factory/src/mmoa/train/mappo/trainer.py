@@ -286,8 +286,7 @@ class MappoTrainer(Trainer):
             if self.args.world_size > 1:
                 drive["no_sync"] = self.accelerator.no_sync
         if self.args.world_size > 1:
-            drive["all_reduce"] = lambda tensor: self.accelerator.reduce(
-                tensor.to(self.accelerator.device), reduction="sum")
+            drive["all_reduce"] = self._all_reduce_sum
         self.model_wrapped = model
         learner = PPOLearner(
             model, self.optimizer, self.ppo_config, self._pad_id(),
@@ -414,12 +413,15 @@ class MappoTrainer(Trainer):
         logs = self._mean_over_processes(logs)
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in logs.items()}
 
+    def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The sum of ``tensor`` over every process (the learner's agreed decisions use it too)."""
+        return self.accelerator.reduce(tensor.to(self.accelerator.device), reduction="sum")
+
     def _any_process(self, flag: bool) -> bool:
         """True on every process when ``flag`` is true on at least one."""
         if self.args.world_size <= 1:
             return flag
-        value = torch.tensor([float(flag)], device=self.accelerator.device)
-        return bool(self.accelerator.reduce(value, reduction="sum").item() > 0)
+        return bool(self._all_reduce_sum(torch.tensor([float(flag)])).item() > 0)
 
     def _mean_over_processes(self, logs: dict[str, float]) -> dict[str, float]:
         """Every process rolled out its own questions: log the mean over all of them."""
