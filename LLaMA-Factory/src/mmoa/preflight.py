@@ -15,7 +15,6 @@ the command in as ``MMOA_CALLER_DIR``.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -258,17 +257,15 @@ def dataset_problems(names: Any, dataset_dir: str = "data", stage: str = "sft",
     wanted = _names(names) if names else []
     if not wanted or dataset_dir == "ONLINE" or dataset_dir.startswith("REMOTE:"):
         return []
+    from mmoa.data.registry import DATASET_INFO, read_dataset_info
+
     root = root if root is not None else project_root()
-    info_path = Path(dataset_dir) / "dataset_info.json"
+    info_path = Path(dataset_dir) / DATASET_INFO
     try:
-        info = json.loads(info_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        info = None
-    except (OSError, ValueError) as err:
+        info = read_dataset_info(dataset_dir) if info_path.exists() else None
+    except (OSError, ValueError) as err:  # DataFormatError is a ValueError
         return [Problem(f"{info_path}: cannot be read ({err})",
                         "fix or delete it (the data builders write it again)")]
-    if not isinstance(info, dict):
-        info = None
     problems = []
     for name in wanted:
         hint = dataset_hint(name, dataset_dir, stage, root)
