@@ -111,8 +111,9 @@ def main() -> None:
     print(json.dumps(results, indent=2))
     print(table(results))
     if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(results, indent=2) + "\n")
+        from mmoa.fileio import atomic_write_json
+
+        atomic_write_json(args.json_out, results)
 
 
 if __name__ == "__main__":

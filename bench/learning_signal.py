@@ -37,6 +37,8 @@ from typing import Any
 
 import yaml
 
+from mmoa.fileio import atomic_write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 AGENTS = ("qr", "selector", "generator")
 MODELS = {
@@ -149,7 +151,7 @@ def _done(run_dir: Path) -> dict[str, Any] | None:
 
 def _finish(run_dir: Path, result: dict[str, Any], started: float) -> dict[str, Any]:
     result["seconds"] = round(time.perf_counter() - started, 1)
-    (run_dir / RESULT).write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_json(run_dir / RESULT, result)
     return result
 
 
@@ -238,8 +240,7 @@ def _record(args: argparse.Namespace, result: dict[str, Any], started: float) ->
     leaves its figures)."""
     result["summary"] = _summarise(result, started)
     if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
+        atomic_write_json(args.json_out, result)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

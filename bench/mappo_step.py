@@ -243,7 +243,9 @@ def main() -> None:
               f" vs separate copy {memory['separate_reference_copy_mb']} MB "
               f"(+{memory['reference_parameters_mb']} MB of parameters)")
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
+        from mmoa.fileio import atomic_write_json
+
+        atomic_write_json(args.json_out, result)
 
 
 if __name__ == "__main__":

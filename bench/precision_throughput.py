@@ -19,7 +19,6 @@ import argparse
 import json
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
@@ -100,8 +99,9 @@ def main() -> None:
     print(f"auto precision here: {result['auto_resolves_to']} "
           f"(native bf16 on this CPU: {result['cpu_native_bf16']})")
     if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
+        from mmoa.fileio import atomic_write_json
+
+        atomic_write_json(args.json_out, result)
 
 
 if __name__ == "__main__":

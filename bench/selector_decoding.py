@@ -130,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report, indent=2))
     print(_table(report))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+        from mmoa.fileio import atomic_write_json
+
+        atomic_write_json(args.json_out, report)
     return 0
 
 

@@ -100,8 +100,9 @@ def main() -> None:
         print(f"{row['variant']:<24} {row['seconds']:>8.2f} "
               f"{row['peak_rss_over_baseline_mib']:>24.1f}")
     if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")
+        from mmoa.fileio import atomic_write_json
+
+        atomic_write_json(args.json_out, report)
 
 
 if __name__ == "__main__":
