@@ -11,7 +11,12 @@ figure here is on the test split.
 Resumable run by run: each finished run writes ``<work-dir>/<run>/result.json`` and is skipped
 next time; an interrupted MAPPO run continues from its last checkpoint. No session of the
 project's 2-core machines lasts long enough for the whole bench, so run it again until the
-summary says every run is done.
+summary says every run is done. Where the work dir is gone (a fresh checkout), the finished runs
+recorded in the previous JSON (``--previous``, default the ``--json-out`` file) are carried over,
+provided the warm start is the same model: the SHA-256 of its weights must match (for a JSON
+written before digests were recorded, its whole test summary must). Each run records its
+per-question F1, so a later session pairs new seeds with a carried-over warm start without
+evaluating it again.
 
 Needs the demo data (``bash run_demo.sh`` leaves it, or the stages by hand: world, index, SFT and
 MAPPO data) and a running retrieval server::
@@ -25,6 +30,7 @@ Prints one JSON object and a table.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import shutil
@@ -51,6 +57,10 @@ MODELS = {
              "LLaMA-Factory/examples/demo/tiny_full_mappo.yaml"),
 }
 RESULT = "result.json"
+# The warm start's test figures that identify it when an older JSON has no weights digest.
+IDENTITY_KEYS = ("f1", "em", "acc", "num_questions", "candidate_support_recall",
+                 "mean_subquestions", "selector_support_recall", "selector_support_precision",
+                 "mean_selected", "mean_answer_words")
 
 
 def _run(command: list[str], log: Path) -> None:
@@ -98,6 +108,38 @@ def _evaluate(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any
 def _per_question_f1(eval_dir: Path) -> dict[str, float]:
     rows = [json.loads(line) for line in (eval_dir / "predictions.jsonl").read_text().splitlines()]
     return {row["id"]: float(row["scores"]["f1"]) for row in rows}
+
+
+def weights_digest(model_dir: Path) -> str:
+    """SHA-256 over the model's weight files (sorted by name): the identity of a warm start
+    across sessions, where a re-trained one must be the same model for earlier seeds to pair
+    with it."""
+    files = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))
+    if not files:
+        raise SystemExit(f"no weight files (*.safetensors, *.bin) in {model_dir}")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode())
+        with path.open("rb") as handle:
+            while chunk := handle.read(1 << 24):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def same_warm_start(previous: dict[str, Any], digest: str, test: dict[str, Any] | None) -> bool:
+    """Whether a previous JSON's warm start is this one: by weights digest where it has one,
+    else (older JSON) by every identifying test figure, which needs this warm start's
+    evaluation (``test``)."""
+    if "weights_sha256" in previous:
+        return previous["weights_sha256"] == digest
+    return test is not None and all(previous["test"].get(k) == test.get(k)
+                                    for k in IDENTITY_KEYS)
+
+
+def load_previous(path: str | None) -> dict[str, Any] | None:
+    if not path or not Path(path).is_file():
+        return None
+    return json.loads(Path(path).read_text())
 
 
 def _summary(metrics: dict[str, Any], eval_dir: Path) -> dict[str, Any]:
@@ -155,22 +197,54 @@ def _finish(run_dir: Path, result: dict[str, Any], started: float) -> dict[str, 
     return result
 
 
-def warm_start(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def warm_start(args: argparse.Namespace, work: Path,
+               previous: dict[str, Any] | None) -> dict[str, Any]:
+    """The warm start, trained here unless ``--warm-start`` names one, and its test figures;
+    taken from ``previous`` (no evaluation) where that recorded the same weights and its
+    per-question F1."""
     run_dir = work / "warm_start"
     if (done := _done(run_dir)) is not None:
         return done
     started = time.perf_counter()
-    if args.warm_start:
-        metrics = _evaluate(Path(args.warm_start), args, run_dir / "eval")
-        return _finish(run_dir, {"model": args.warm_start, "trained_here": False,
-                                 "test": _summary(metrics, run_dir / "eval")}, started)
-    base, _, sft_config, _ = MODELS[args.model]
-    _train(sft_config, [f"model_name_or_path={args.base_model or base}", "seed=42",
-                        f"output_dir={run_dir / 'sft'}", *args.sft_overrides, *args.overrides],
-           run_dir / "train.log")
-    metrics = _evaluate(run_dir / "sft", args, run_dir / "eval")
-    return _finish(run_dir, {"model": str(run_dir / "sft"),
-                             "test": _summary(metrics, run_dir / "eval")}, started)
+    model = Path(args.warm_start) if args.warm_start else run_dir / "sft"
+    if not args.warm_start:
+        base, _, sft_config, _ = MODELS[args.model]
+        _train(sft_config, [f"model_name_or_path={args.base_model or base}", "seed=42",
+                            f"output_dir={model}", *args.sft_overrides, *args.overrides],
+               run_dir / "train.log")
+    digest = weights_digest(model)
+    record: dict[str, Any] = {"model": str(model), "trained_here": not args.warm_start,
+                              "weights_sha256": digest}
+    earlier = previous["warm_start"] if previous else None
+    if earlier and "per_question_f1" in earlier and same_warm_start(earlier, digest, None):
+        print(f"[warm start] same weights as in {args.previous}: its evaluation is reused",
+              flush=True)
+        record.update(test=earlier["test"], per_question_f1=earlier["per_question_f1"],
+                      reused_from=args.previous)
+        return _finish(run_dir, record, started)
+    metrics = _evaluate(model, args, run_dir / "eval")
+    record.update(test=_summary(metrics, run_dir / "eval"),
+                  per_question_f1=_per_question_f1(run_dir / "eval"))
+    return _finish(run_dir, record, started)
+
+
+def carried_runs(previous: dict[str, Any] | None, sft: dict[str, Any],
+                 source: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The MAPPO and ablation runs of ``previous`` that pair with this warm start.
+
+    Refuses (rather than dropping them from the JSON about to be rewritten) when the previous
+    warm start was a different model."""
+    if previous is None:
+        return {}, {}
+    if not same_warm_start(previous["warm_start"], sft["weights_sha256"], sft["test"]):
+        raise SystemExit(
+            f"the runs in {source} were made from a different warm start (its weights or test "
+            "figures differ from this one's), so they cannot be paired with it; write to "
+            "another --json-out, or pass --previous none to start a new table")
+    def mark(runs: dict[str, Any]) -> dict[str, Any]:
+        return {name: {**run, "carried_over_from": run.get("carried_over_from", source)}
+                for name, run in runs.items()}
+    return mark(previous.get("mappo", {})), mark(previous.get("ablation", {}))
 
 
 def mappo_run(args: argparse.Namespace, work: Path, name: str, seed: int, agents: str,
@@ -202,13 +276,13 @@ def mappo_run(args: argparse.Namespace, work: Path, name: str, seed: int, agents
     return _finish(run_dir, {"seed": seed, "agents": agents, "model": str(output),
                              "code_version": code.read_text().strip(),
                              "test": _summary(metrics, run_dir / "eval"),
+                             "per_question_f1": _per_question_f1(run_dir / "eval"),
                              "training_last_steps": _training_tail(output)}, started)
 
 
-def paired_gain(sft_eval: Path, mappo_eval: Path) -> dict[str, float]:
+def paired_gain(sft: dict[str, float], mappo: dict[str, float]) -> dict[str, float]:
     """Mean per-question F1 gain of MAPPO over SFT on the same questions and its standard error
     (paired: the question-to-question spread that both runs share cancels out)."""
-    sft, mappo = _per_question_f1(sft_eval), _per_question_f1(mappo_eval)
     diffs = [mappo[q] - sft[q] for q in sft if q in mappo]
     se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
     return {"gain": statistics.fmean(diffs), "gain_se": se, "n": len(diffs)}
@@ -246,25 +320,36 @@ def _record(args: argparse.Namespace, result: dict[str, Any], started: float) ->
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.work_dir)
     started = time.perf_counter()
+    previous = load_previous(args.previous)
     result: dict[str, Any] = {"model": args.model, "config": vars(args).copy(), "mappo": {},
                               "ablation": {}}
-    sft = warm_start(args, work)
+    sft = warm_start(args, work, previous)
+    carried_mappo, carried_ablation = carried_runs(previous, sft, args.previous)
     result["warm_start"] = sft
     print(f"[warm start] test F1 {100 * sft['test']['f1']:.1f}", flush=True)
+    for seed, carried in carried_mappo.items():
+        if not (work / f"mappo_seed{seed}" / RESULT).is_file():
+            print(f"[seed {seed}] carried over from {args.previous}", flush=True)
+            result["mappo"][seed] = carried
+    result["ablation"].update({agent: run for agent, run in carried_ablation.items()
+                               if not (work / f"only_{agent}" / RESULT).is_file()})
     _record(args, result, started)
-    sft_eval = Path(sft["test"]["eval_dir"])
     for seed in args.seeds:
+        if str(seed) in result["mappo"]:
+            continue
         run_result = mappo_run(args, work, f"mappo_seed{seed}", seed, ",".join(AGENTS),
                                sft["model"])
-        run_result["paired"] = paired_gain(sft_eval, Path(run_result["test"]["eval_dir"]))
+        run_result["paired"] = paired_gain(sft["per_question_f1"], run_result["per_question_f1"])
         result["mappo"][str(seed)] = run_result
         print(f"[seed {seed}] test F1 {100 * run_result['test']['f1']:.1f} "
               f"(gain {100 * run_result['paired']['gain']:+.1f} "
               f"+- {100 * run_result['paired']['gain_se']:.1f})", flush=True)
         _record(args, result, started)
     for agent in args.ablation:
+        if agent in result["ablation"]:
+            continue
         run_result = mappo_run(args, work, f"only_{agent}", args.seeds[0], agent, sft["model"])
-        run_result["paired"] = paired_gain(sft_eval, Path(run_result["test"]["eval_dir"]))
+        run_result["paired"] = paired_gain(sft["per_question_f1"], run_result["per_question_f1"])
         result["ablation"][agent] = run_result
         print(f"[only {agent}] test F1 {100 * run_result['test']['f1']:.1f}", flush=True)
         _record(args, result, started)
@@ -340,9 +425,16 @@ def main() -> None:
     parser.add_argument("--mappo", dest="mappo_overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="an override of every MAPPO run (repeatable)")
     parser.add_argument("--json-out", help="also write the JSON here")
+    parser.add_argument("--previous", help="a JSON of this bench whose finished runs are carried "
+                        "over when the warm start is the same (default: the --json-out file; "
+                        "'none' for none)")
     parser.add_argument("overrides", nargs="*",
                         help="key=value overrides for every training run (e.g. bf16=true)")
     args = parser.parse_args()
+    if args.previous is None:
+        args.previous = args.json_out
+    elif args.previous == "none":
+        args.previous = None
     import torch
 
     from mmoa.precision import resolve_precision, train_overrides
