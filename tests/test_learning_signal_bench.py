@@ -45,32 +45,47 @@ def test_weights_digest_covers_every_weight_file(bench, tmp_path):
 
 
 def _test_summary(f1: float) -> dict:
-    return {"f1": f1, "em": 0.42, "acc": 0.42, "num_questions": 200,
-            "candidate_support_recall": 0.7775, "mean_subquestions": 1.305,
-            "selector_support_recall": 0.77, "selector_support_precision": 0.214,
-            "mean_selected": 4.96, "mean_answer_words": 1.4, "eval_dir": "elsewhere"}
+    return {"f1": f1, "f1_se": 0.035, "em": 0.42, "acc": 0.42, "num_questions": 200,
+            "eval_dir": "elsewhere"}
 
 
-def test_same_warm_start_by_digest_else_by_every_test_figure(bench):
-    assert bench.same_warm_start({"weights_sha256": "abc", "test": _test_summary(0.4)}, "abc",
-                                 None)
-    assert not bench.same_warm_start({"weights_sha256": "abc", "test": _test_summary(0.4)},
-                                     "def", _test_summary(0.4))
-    older = {"test": _test_summary(0.4278)}  # written before digests were recorded
-    assert bench.same_warm_start(older, "any", _test_summary(0.4278))
-    assert not bench.same_warm_start(older, "any", _test_summary(0.4279))
-    assert not bench.same_warm_start(older, "any", None)  # not evaluated: cannot tell
-
-
-def test_carried_runs_are_marked_and_a_different_warm_start_is_refused(bench):
-    previous = {"warm_start": {"weights_sha256": "abc", "test": _test_summary(0.4)},
-                "mappo": {"1": {"seed": 1, "paired": {"gain": 0.035}}},
-                "ablation": {"qr": {"seed": 1, "carried_over_from": "first.json"}}}
-    sft = {"weights_sha256": "abc", "test": _test_summary(0.4)}
-    mappo, ablation = bench.carried_runs(previous, sft, "prev.json")
+def test_carried_runs_keep_the_warm_start_they_were_paired_with(bench):
+    older_run = {"seed": 1, "paired": {"gain": 0.035}}  # recorded before runs named theirs
+    newer_run = {"seed": 2, "paired": {"gain": 0.01}, "carried_over_from": "first.json",
+                 "warm_start": {"model": "b", "weights_sha256": "bbb", "test": {"f1": 0.41}}}
+    previous = {"warm_start": {"model": "a", "test": _test_summary(0.428)},
+                "mappo": {"1": older_run, "2": newer_run}, "ablation": {}}
+    mappo, ablation = bench.carried_runs(previous, "prev.json")
+    assert ablation == {}
+    assert mappo["1"]["warm_start"] == {"model": "a", "weights_sha256": None,
+                                        "test": {"f1": 0.428, "f1_se": 0.035, "em": 0.42,
+                                                 "acc": 0.42}}
     assert mappo["1"]["carried_over_from"] == "prev.json"
-    assert mappo["1"]["paired"] == {"gain": 0.035}
-    assert ablation["qr"]["carried_over_from"] == "first.json"  # its first source is kept
-    assert bench.carried_runs(None, sft, None) == ({}, {})
-    with pytest.raises(SystemExit, match="different warm start"):
-        bench.carried_runs(previous, {**sft, "weights_sha256": "other"}, "prev.json")
+    assert mappo["1"]["paired"] == {"gain": 0.035}  # as measured then, not recomputed
+    assert mappo["2"]["warm_start"]["weights_sha256"] == "bbb"
+    assert mappo["2"]["carried_over_from"] == "first.json"  # its first source is kept
+    assert bench.carried_runs(None, None) == ({}, {})
+
+
+def test_earlier_warm_starts_and_the_summary_over_warm_starts(bench):
+    a = {"model": "a", "test": _test_summary(0.40)}
+    b = {"model": "b", "weights_sha256": "bbb", "test": _test_summary(0.42),
+         "per_question_f1": {"q": 1.0}}
+    assert bench.earlier_warm_starts(None) == []
+    assert bench.earlier_warm_starts({"warm_start": b, "earlier_warm_starts": [a]}) == [b, a]
+    ref_a, ref_b = bench.warm_start_ref(a), bench.warm_start_ref(b)
+    result = {"config": {"seeds": [1, 2, 3]}, "warm_start": b, "ablation": {}, "mappo": {
+        "1": {"test": {"f1": 0.43}, "paired": {"gain": 0.03}, "warm_start": ref_a},
+        "2": {"test": {"f1": 0.43}, "paired": {"gain": 0.01}, "warm_start": ref_b},
+    }}
+    summary = bench._summarise(result, 0.0)
+    assert summary["warm_starts_used"] == 2
+    assert summary["sft_f1_mean_of_seeds"] == pytest.approx(0.41)
+    assert summary["mean_gain"] == pytest.approx(0.02)
+    assert summary["seeds_above_sft"] == 2 and summary["target_met"] is None  # 2 of 3 planned
+    result["mappo"]["3"] = {"test": {"f1": 0.40}, "paired": {"gain": -0.001},
+                            "warm_start": bench.warm_start_ref(b)}
+    assert bench._summarise(result, 0.0)["target_met"] is False
+    result["config"]["seeds"] = [3]  # one seed asked for: still judged on three
+    del result["mappo"]["3"]
+    assert bench._summarise(result, 0.0)["seeds_planned"] == 3
