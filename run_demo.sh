@@ -22,6 +22,8 @@
 #   DEMO_SCALE    "full" (default) or "small": a smaller world and fewer steps, for the CI test
 #   PRECISION     "auto" (default: bf16 where the GPU or CPU computes bf16 natively), "bf16"
 #                 or "fp32"
+#   MMOA_VERBOSE  1: the libraries' INFO lines (model configs, file loading) on the console too;
+#                 by default they go to library.log in each run's output folder
 # Stage 1 runs setup_env.sh (the .venv); its own knobs (MMOA_VENV, MMOA_EXTRAS, ...) are listed
 # at the top of that script.
 set -euo pipefail
@@ -176,22 +178,22 @@ print(" ".join(f"--max_new_tokens_{agent} {config[f'mappo_max_new_tokens_{agent}
 EOF
 )
 EVALUATED=()
-evaluate() {  # name model mode
-  echo "-- $1 ($3)"
-  python evaluate/evaluate_qr_s_g.py --model_name_or_path "$2" --template "$TEMPLATE" \
-    --mode "$3" --data_file "$DEMO_DIR/test.jsonl" --retriever_url "$URL" --k "$K" \
+evaluate() {  # folder row-name model mode
+  echo "-- $2 ($4)"
+  python evaluate/evaluate_qr_s_g.py --model_name_or_path "$3" --template "$TEMPLATE" \
+    --mode "$4" --data_file "$DEMO_DIR/test.jsonl" --retriever_url "$URL" --k "$K" \
     --precision "$PRECISION" "${LIMITS[@]}" --output_dir "$OUT/eval_$1" | tail -n 1
-  EVALUATED+=("$OUT/eval_$1")
+  EVALUATED+=("$2=$OUT/eval_$1")
 }
 if [[ "$MODEL" == smollm2 ]]; then
-  evaluate zero_shot "$MODEL_DIR" qr_s_g
+  evaluate zero_shot "zero-shot instruct model" "$MODEL_DIR" qr_s_g
 else
-  evaluate untrained "$MODEL_DIR" qr_s_g
-  evaluate base "$SAVES/pt" qr_s_g
+  evaluate untrained "untrained model" "$MODEL_DIR" qr_s_g
+  evaluate base "pre-trained base" "$SAVES/pt" qr_s_g
 fi
-evaluate sft "$SAVES/full/sft" qr_s_g
-evaluate mappo "$SAVES/full/mappo" qr_s_g
-evaluate rag_sft "$SAVES/full/sft" rag
+evaluate sft "warm start (SFT)" "$SAVES/full/sft" qr_s_g
+evaluate mappo "MAPPO" "$SAVES/full/mappo" qr_s_g
+evaluate rag_sft "RAG baseline (warm start)" "$SAVES/full/sft" rag
 
 stage 11 "results -> $OUT"
 for plot in "$SAVES"/full/mappo/training_*.png; do cp "$plot" "$OUT/mappo_$(basename "$plot")"; done

@@ -233,12 +233,21 @@ EVAL_EXAMPLE: tuple[str, ...] = (
 )
 
 
+def compare_entry(entry: str) -> tuple[str, str]:
+    """``NAME=PATH`` -> ``(NAME, PATH)``; a bare ``PATH`` is its own name. A path that exists
+    is taken whole, so a folder with ``=`` in its name still works."""
+    name, sep, path = entry.partition("=")
+    if not sep or not name or Path(entry).exists():
+        return entry, entry
+    return name, path
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     from mmoa.evaluation import EvalConfig, evaluate, format_table, load_metrics, scoring_legend
     from mmoa.preflight import PreflightError, check_eval, command_here, project_root
 
     if args.compare:
-        runs = [(str(path), load_metrics(path)) for path in args.compare]
+        runs = [(label, load_metrics(path)) for label, path in map(compare_entry, args.compare)]
         print(format_table(runs))
         print("\n".join(scoring_legend(runs)))
         return 0
@@ -260,6 +269,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"{args.prog}: error: {err}", file=sys.stderr)
         return 2
+    from mmoa.console import route_library_logs
+
+    route_library_logs(config.output_dir)
     try:
         metrics = evaluate(config)
     except (ValueError, KeyError, FileNotFoundError, ConnectionError) as err:
@@ -289,7 +301,7 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
             f"  mmoa-cli eval {EVAL_EXAMPLE[0]} \\\n"
             f"      {EVAL_EXAMPLE[1]} \\\n"
             "      --retriever_url http://127.0.0.1:8000 --mode qr_s_g\n"
-            "  mmoa-cli eval --compare outputs/eval/sft outputs/eval/mappo"
+            "  mmoa-cli eval --compare outputs/eval/sft 'MAPPO=outputs/eval/mappo'"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -333,8 +345,9 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
         default = EvalConfig.__dataclass_fields__[f"max_new_tokens_{agent}"].default
         ev.add_argument(f"--max_new_tokens_{agent}", type=int,
                         help=f"generation limit of the {agent} agent (default {default})")
-    ev.add_argument("--compare", nargs="+", metavar="METRICS",
-                    help="print one table for several metrics.json files (or their folders)")
+    ev.add_argument("--compare", nargs="+", metavar="[NAME=]METRICS",
+                    help="print one table for several metrics.json files (or their folders); "
+                         "NAME= names the row (default: the path)")
     ev.set_defaults(handler=_cmd_eval, prog="mmoa-cli eval", invocation="mmoa-cli eval")
 
 

@@ -162,7 +162,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from mmoa.console import quiet_faiss_loader
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    quiet_faiss_loader()
     args = build_arg_parser().parse_args(argv)
     try:
         encoder = preset(args.preset, **encoder_overrides(args))

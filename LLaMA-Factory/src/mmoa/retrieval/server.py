@@ -216,10 +216,12 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
 
 def build_wsgi_app(config: ServerConfig) -> Any:
     """Load the index and return the Flask app; runs inside the gunicorn worker."""
+    from mmoa.console import quiet_faiss_loader
+
     logging.basicConfig(level=config.log_level.upper(),
                         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: "
                                "%(message)s")
-    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # CPU-feature probing noise
+    quiet_faiss_loader()
     import torch
 
     torch.set_num_threads(config.torch_threads or default_cpu_threads())

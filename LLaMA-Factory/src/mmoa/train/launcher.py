@@ -72,9 +72,12 @@ def run_train(argv: Sequence[str]) -> int:
             raise
         print(err.report("[mappo] error:"), file=sys.stderr, flush=True)
         return 1
+    if stage == MAPPO_STAGE and _wants_torchrun():
+        return _relaunch_with_torchrun(argv)
+    from mmoa.console import route_library_logs
+
+    route_library_logs(config.get("output_dir"))
     if stage == MAPPO_STAGE:
-        if _wants_torchrun():
-            return _relaunch_with_torchrun(argv)
         from mmoa.train.mappo.workflow import run_mappo_from_config
 
         return run_mappo_from_config(config)
