@@ -26,13 +26,14 @@ from typing import Any
 import pytest
 import requests
 
+from mmoa.webui.mappo_fields import MAPPO_STAGE_LABEL
 from tests.retrieval_fixtures import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "outputs" / "test_screenshots"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
-MAPPO_LABEL = "MAPPO (multi-agent RAG)"
+MAPPO_LABEL = MAPPO_STAGE_LABEL
 MAX_STEPS = 200  # far more than the test waits for: the run ends by the Abort button
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -86,20 +87,25 @@ def chromium_binary() -> str:
 
 
 @pytest.fixture(scope="module")
-def webui(chromium_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """``mmoa-cli webui`` in its own process group, working in a temporary folder."""
+def webui(chromium_binary: str, tmp_path_factory: pytest.TempPathFactory,
+          tiny_model_dir: Path) -> Iterator[dict]:
+    """``mmoa-cli webui`` in its own process group, working in a temporary folder that holds
+    the demo's tiny model where ``run_demo.sh`` leaves it (the playground's default), on the
+    port given the way gradio users give it (``GRADIO_SERVER_PORT``)."""
     workdir = tmp_path_factory.mktemp("webui_workdir")
+    (workdir / "models").mkdir()
+    (workdir / "models" / "tiny-llama3").symlink_to(tiny_model_dir)
     port = free_port()
     env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(ROOT / "LLaMA-Factory" / "src"),
                                           os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1"}
+           "GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1",
+           "GRADIO_SERVER_PORT": str(port)}
     log_path = workdir / "webui.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mmoa.cli", "webui", "--host", "127.0.0.1", "--port",
-             str(port)], cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            [sys.executable, "-m", "mmoa.cli", "webui", "--host", "127.0.0.1"], cwd=workdir,
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}/"
 
     def ready() -> bool:
@@ -116,6 +122,9 @@ def webui(chromium_binary: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             if time.monotonic() > deadline:
                 raise RuntimeError(f"webui not ready:\n{log_path.read_text()[-3000:]}")
             time.sleep(0.5)
+        # the URL it prints is the one it serves
+        _wait_for(lambda: f"web UI: {url.rstrip('/')} " in log_path.read_text(), 30,
+                  "the web UI's URL line")
         yield {"url": url, "workdir": workdir, "log": log_path}
     finally:
         # Our own session: the UI and any training process it started.
@@ -239,6 +248,11 @@ class Board:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
         return path
 
+    def top(self, css: str) -> float:
+        """The element's distance from the top of the page, in CSS pixels."""
+        return float(self.driver.execute_script(
+            "return arguments[0].getBoundingClientRect().top + window.scrollY;", self.find(css)))
+
     def progress(self) -> float:
         """The Train tab's progress bar (percentage), 0 while it is hidden."""
         inputs = self.find_all("#mmoa-train-progress_bar input[type=number]")
@@ -269,8 +283,12 @@ def test_mappo_stage_preview_start_progress_and_stop(board: Board, webui: dict,
              "save_steps": 1000, "disable_gradient_checkpointing": True, "seed": 7}
     board.type("#mmoa-train-extra_args textarea", json.dumps(extra))
 
-    # The MAPPO accordion opens by itself when the stage is chosen.
+    # The MAPPO accordion opens by itself when the stage is chosen, under the stage row and
+    # above Start and the log.
     board.open_accordion("mmoa-train-mappo_tab", "#mmoa-train-mappo_retriever_url textarea")
+    top = board.top
+    assert top("#mmoa-train-training_stage") < top("#mmoa-train-mappo_tab") \
+        < top("#mmoa-train-extra_tab") < top("#mmoa-train-start_btn")
     board.type("#mmoa-train-mappo_retriever_url textarea", tiny_server_url)
     board.type("#mmoa-train-mappo_top_k input[type=number]", "5")
     board.click("#mmoa-train-mappo_agents label:first-of-type")  # untick qr
@@ -350,8 +368,9 @@ def test_playground_shows_the_pipeline_trace(board: Board, tiny_model_dir: Path,
     board.click("#mmoa-playground-tab-button, button[role=tab]:last-child")
     _wait_for(lambda: board.find("#mmoa-pg-model_path textarea").is_displayed(), 20,
               "the playground tab")
-    board.type("#mmoa-pg-model_path textarea", str(tiny_model_dir))
-    board.choose("mmoa-pg-template", "llama3")
+    # It starts on the demo's model (here the tiny one, where run_demo.sh leaves it).
+    assert board.value("#mmoa-pg-model_path textarea") == "models/tiny-llama3"
+    assert board.value("#mmoa-pg-template input") == "llama3"
     board.type("#mmoa-pg-retriever_url textarea", tiny_server_url)
     board.type("#mmoa-pg-top_k input[type=number]", "6")
     board.click("#mmoa-pg-load")
@@ -385,3 +404,17 @@ def test_playground_shows_the_pipeline_trace(board: Board, tiny_model_dir: Path,
     assert [r.get_attribute("data-agent") for r in timing_rows] == [
         "qr", "retrieve", "selector", "generator"]
     assert all(r.text.endswith(" s") for r in timing_rows)
+    headings = [h.text for h in board.find_all(".mmoa-pg-heading")]
+    assert [h.split(" (")[0] for h in headings] == [
+        "Sub-questions", "Time per agent", "Candidate documents"], headings
+
+    # A question that fails (no server there) says why and leaves nothing of the last answer.
+    board.type("#mmoa-pg-retriever_url textarea", "http://127.0.0.1:9")
+    board.type("#mmoa-pg-question textarea", "another question")
+    board.driver.find_element("css selector", "#mmoa-pg-ask").click()  # an error toast follows
+    _wait_for(lambda: board.value("#mmoa-pg-status textarea").startswith("error: "), 60,
+              "the error in the status line")
+    assert board.value("#mmoa-pg-answer textarea") == ""
+    assert not board.find_all("#mmoa-candidates-table tr.mmoa-candidate")
+    assert not board.find_all("#mmoa-subquestions-list li")
+    board.screenshot("webui_06_playground_error")

@@ -69,6 +69,13 @@ def test_the_stage_is_in_the_one_training_stages_dict(ui: tuple[Any, Any]) -> No
     assert next(iter(constants.TRAINING_STAGES)) == "Supervised Fine-Tuning", "SFT stays first"
 
 
+def _top_level(block: Any, container: Any) -> Any:
+    """The ancestor of ``block`` (or itself) that is a direct child of ``container``."""
+    while block.parent is not container:
+        block = block.parent
+    return block
+
+
 def test_mappo_widgets_are_registered_train_inputs(engine: Any) -> None:
     from llamafactory.extras.misc import is_accelerator_available
 
@@ -76,7 +83,14 @@ def test_mappo_widgets_are_registered_train_inputs(engine: Any) -> None:
     for field in MAPPO_FIELDS:
         component = manager.get_elem_by_id(f"train.{field.name}")
         assert component.elem_id == f"mmoa-train-{field.name}"
-    assert manager.get_elem_by_id("train.mappo_tab").label == MAPPO_STAGE_LABEL
+    mappo_tab = manager.get_elem_by_id("train.mappo_tab")
+    assert mappo_tab.label == MAPPO_STAGE_LABEL
+    # Laid out under the stage rows, above LlamaBoard's accordions, Start and the log.
+    siblings = mappo_tab.parent.children
+    assert siblings.index(mappo_tab) + 1 == siblings.index(
+        manager.get_elem_by_id("train.extra_tab"))
+    assert siblings.index(mappo_tab) < siblings.index(
+        _top_level(manager.get_elem_by_id("train.start_btn"), mappo_tab.parent))
     stage = manager.get_elem_by_id("train.training_stage")
     assert MAPPO_STAGE_LABEL in [choice[0] for choice in stage.choices]
     if not is_accelerator_available():
@@ -313,6 +327,27 @@ def test_playground_asks_for_a_model_first() -> None:
         session.ask("  ", "http://127.0.0.1:9", 5, "qr_s_g")
     with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         session.load("/nonexistent/model", "", "llama3")
+
+
+def test_playground_error_clears_the_results_and_says_why() -> None:
+    from mmoa.webui.playground import EMPTY_RESULTS, PlaygroundSession, ask_for_page
+
+    outputs = ask_for_page(PlaygroundSession(), "/nonexistent/model", "", "llama3",
+                           "http://127.0.0.1:9", 5, "qr_s_g", "a question")
+    assert outputs[0].startswith("error: ") and "config.json" in outputs[0]
+    assert outputs[1:] == EMPTY_RESULTS
+
+
+def test_playground_starts_on_the_most_trained_demo_model(tmp_path: Path) -> None:
+    from mmoa.webui.playground import DEFAULT_TEMPLATE, default_model
+
+    assert default_model(tmp_path) == ("", DEFAULT_TEMPLATE)
+    for folder in ("models/tiny-llama3", "models/smollm2-135m-instruct",
+                   "saves/smollm2-135m/full/sft"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "config.json").write_text("{}")
+    (tmp_path / "saves/smollm2-135m/full/mappo").mkdir(parents=True)  # no config.json yet
+    assert default_model(tmp_path) == ("saves/smollm2-135m/full/sft", "smollm2")
 
 
 def test_remove_patches_restores_llamafactory(ui: tuple[Any, Any]) -> None:

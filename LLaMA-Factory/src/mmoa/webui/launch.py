@@ -43,7 +43,9 @@ def launch(config: WebUIConfig) -> None:
     except ValueError:
         ipv6 = False
     fix_proxy(ipv6_enabled=ipv6)  # keep loopback traffic away from any HTTP(S)_PROXY
-    print(f"[mmoa] web UI: http://{f'[{config.host}]' if ipv6 else config.host}:"
-          f"{config.port or 7860} (LlamaBoard + MAPPO stage + RAG Playground)", flush=True)
     demo.queue().launch(server_name=config.host, server_port=config.port, share=config.share,
-                        inbrowser=config.inbrowser, show_error=True)
+                        inbrowser=config.inbrowser, show_error=True, prevent_thread_lock=True)
+    # the port gradio really bound (GRADIO_SERVER_PORT, or the first free one from 7860)
+    print(f"[mmoa] web UI: http://{f'[{config.host}]' if ipv6 else config.host}:"
+          f"{demo.server_port} (LlamaBoard + MAPPO stage + RAG Playground)", flush=True)
+    demo.block_thread()

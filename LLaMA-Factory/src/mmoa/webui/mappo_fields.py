@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 
 Kind = Literal["text", "int", "float", "bool", "choice", "agents"]
 
-#: Label of the stage in the Train tab's dropdown (LLaMA-Factory's TRAINING_STAGES key).
-MAPPO_STAGE_LABEL = "MAPPO (multi-agent RAG)"
+#: Label of the stage in the Train tab's dropdown (LLaMA-Factory's TRAINING_STAGES key); short,
+#: because that dropdown is narrow ("MAPPO (multi-agent RAG)" showed as "MAPPO (multi-ag").
+MAPPO_STAGE_LABEL = "MAPPO (RAG)"
 
 #: Standard LLaMA-Factory keys that the MAPPO accordion shows (they keep LLaMA-Factory's meaning).
 LLAMAFACTORY_KEYS = ("ppo_epochs", "ppo_target")

@@ -16,7 +16,8 @@ our UI with theirs). Instead :func:`apply_patches` changes a few module-level na
 5. ``runner.get_trainer_info`` plots loss and reward for MAPPO runs;
 6. ``interface.create_train_tab`` adds the MAPPO accordion: the widgets are created with
    ``render=False`` and slipped into the tab's input set (through a temporary
-   ``manager.get_base_elems``), so Preview, Start, Save and Load all carry them;
+   ``manager.get_base_elems``), so Preview, Start, Save and Load all carry them; the accordion
+   is then moved up, under the rows where the stage is chosen;
 7. ``interface.create_footer`` (called right after the last tab) first opens the RAG Playground
    tab, which therefore joins LlamaBoard's tab strip;
 8. ``save_config`` (bound by name in ``common``, ``components.top`` and ``interface``) becomes
@@ -222,6 +223,17 @@ def _tag_elements(tab: str, elems: dict[str, Any]) -> None:
             elem.elem_id = f"{ELEM_ID_PREFIX}-{tab}-{name}"
 
 
+def _move_before(block: Any, anchor: Any) -> bool:
+    """Move ``block`` just before ``anchor`` among their parent's children (both must share
+    one parent); returns whether it moved."""
+    parent = getattr(block, "parent", None)
+    if anchor is None or parent is None or getattr(anchor, "parent", None) is not parent:
+        return False
+    parent.children.remove(block)
+    parent.children.insert(parent.children.index(anchor), block)
+    return True
+
+
 def _wrap_create_train_tab(original: Callable[[Any], dict[str, Any]]) -> Callable[[Any], Any]:
     def create_train_tab(engine: Any) -> dict[str, Any]:
         import gradio as gr
@@ -245,6 +257,10 @@ def _wrap_create_train_tab(original: Callable[[Any], dict[str, Any]]) -> Callabl
                 with gr.Row():
                     for name in row:
                         components[name].render()
+
+        # Under the stage/dataset rows, where the stage is chosen, instead of below Start and
+        # the log (gradio lays a tab out in the order of its children until launch).
+        _move_before(mappo_tab, elems.get("extra_tab"))
 
         def open_when_mappo(label: str) -> Any:
             return gr.Accordion(open=TRAINING_STAGES.get(label) == MAPPO_STAGE)

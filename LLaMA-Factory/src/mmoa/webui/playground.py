@@ -24,8 +24,17 @@ from mmoa.agents.pipeline import MODES, Trace
 if TYPE_CHECKING:
     from gradio.components import Component
 
-DEFAULT_MODEL = "models/tiny-llama3"
-DEFAULT_TEMPLATE = "llama3"
+#: The models ``run_demo.sh`` leaves (relative to the folder the UI runs in), most trained
+#: first, with their chat templates: the tab starts on the first one that exists.
+DEMO_MODELS: tuple[tuple[str, str], ...] = (
+    ("saves/smollm2-135m/full/mappo", "smollm2"),
+    ("saves/smollm2-135m/full/sft", "smollm2"),
+    ("models/smollm2-135m-instruct", "smollm2"),
+    ("saves/tiny-llama3/full/mappo", "llama3"),
+    ("saves/tiny-llama3/full/sft", "llama3"),
+    ("models/tiny-llama3", "llama3"),
+)
+DEFAULT_TEMPLATE = "smollm2"
 DEFAULT_RETRIEVER = "http://127.0.0.1:8000"
 SNIPPET_CHARS = 220
 
@@ -85,7 +94,8 @@ class PlaygroundSession:
                 self.key = key
                 seconds = time.perf_counter() - start
                 return f"loaded {_describe(key)} in {seconds:.1f} s"
-        return f"already loaded: {_describe(key)}"
+        # The session is the UI's, shared by every page open on it.
+        return f"using {_describe(key)} (loaded earlier in this web UI)"
 
     def ask(self, question: str, retriever_url: str, top_k: int, mode: str) -> PlaygroundAnswer:
         from mmoa.agents.pipeline import RagPipeline
@@ -114,6 +124,15 @@ class PlaygroundSession:
                 if retriever is not None:
                     retriever.close()
             return PlaygroundAnswer(trace, pipeline.last_timings.as_dict(), total, mode)
+
+
+def default_model(root: Path = Path(".")) -> tuple[str, str]:
+    """``(model folder, template)`` the tab starts with: the most trained demo model present
+    under ``root``, else an empty path and SmolLM2's template."""
+    for folder, template in DEMO_MODELS:
+        if (root / folder / "config.json").is_file():
+            return folder, template
+    return "", DEFAULT_TEMPLATE
 
 
 def _describe(key: ModelKey) -> str:
@@ -201,6 +220,36 @@ def render_timings(answer: PlaygroundAnswer) -> str:
 
 # ---------------------------------------------------------------------------------- the tab
 
+#: Status line prefix of a question that failed; the result fields are then empty.
+ERROR_PREFIX = "error: "
+#: answer, sub-questions, selection, timings, candidates, raw trace
+EMPTY_RESULTS: tuple[Any, ...] = ("", "", "", "", "", None)
+
+
+def ask_for_page(session: PlaygroundSession, path: str, adapter: str, template: str, url: str,
+                 top_k: float, mode: str, question: str) -> tuple[Any, ...]:
+    """The tab's outputs for one question: status, answer, sub-questions, selection, timings,
+    candidates and raw trace; a failure (no model, no server, bad input) is the status line,
+    with every result field empty, so nothing of an earlier question is left on screen."""
+    try:
+        loaded = session.load(path, adapter or "", template or "")
+        result = session.ask(question, url, int(top_k or 0), mode)
+    except (ValueError, OSError, RuntimeError) as err:  # includes retriever errors
+        return (f"{ERROR_PREFIX}{err}", *EMPTY_RESULTS)
+    status_line = (f"{loaded}; answered in {result.total_seconds:.2f} s "
+                   f"({len(result.trace.candidates)} candidates)")
+    return (status_line, result.trace.answer, render_subquestions(result),
+            render_selection(result), render_timings(result), render_candidates(result),
+            result.trace.to_dict())
+
+
+def _heading(text: str, name: str) -> Any:
+    """A heading over a result block (gr.HTML shows no label of its own)."""
+    import gradio as gr
+
+    return gr.Markdown(f"#### {text}", elem_id=f"mmoa-pg-heading-{name}",
+                       elem_classes=["mmoa-pg-heading"])
+
 
 def create_playground_tab(session: PlaygroundSession | None = None) -> dict[str, Component]:
     """Build the tab's components inside the current gradio context and wire the buttons."""
@@ -208,7 +257,7 @@ def create_playground_tab(session: PlaygroundSession | None = None) -> dict[str,
     from llamafactory.data import TEMPLATES
 
     session = session or PlaygroundSession()
-    model_dir = DEFAULT_MODEL if Path(DEFAULT_MODEL).is_dir() else ""
+    model_dir, model_template = default_model()
     with gr.Row():
         model_path = gr.Textbox(label="Model path", value=model_dir, scale=3,
                                 info="local model directory (a base or full fine-tuned model)",
@@ -217,7 +266,7 @@ def create_playground_tab(session: PlaygroundSession | None = None) -> dict[str,
                                   info="LoRA adapter directory, e.g. a MAPPO output_dir",
                                   elem_id="mmoa-pg-adapter_path")
         template = gr.Dropdown(label="Template", choices=sorted(TEMPLATES), scale=1,
-                               value=DEFAULT_TEMPLATE, elem_id="mmoa-pg-template")
+                               value=model_template, elem_id="mmoa-pg-template")
         load_btn = gr.Button("Load model", scale=1, elem_id="mmoa-pg-load")
     with gr.Row():
         retriever_url = gr.Textbox(label="Retriever URL", value=DEFAULT_RETRIEVER, scale=3,
@@ -235,13 +284,15 @@ def create_playground_tab(session: PlaygroundSession | None = None) -> dict[str,
         with gr.Column(scale=2):
             answer = gr.Textbox(label="Answer (Generator)", interactive=False,
                                 elem_id="mmoa-pg-answer")
-            subquestions = gr.HTML(label="Sub-questions (Query Rewriter)",
-                                   elem_id="mmoa-pg-subquestions")
+            _heading("Sub-questions (Query Rewriter)", "subquestions")
+            subquestions = gr.HTML(elem_id="mmoa-pg-subquestions")
             selection = gr.Textbox(label="Selection (Selector)", interactive=False, lines=2,
                                    elem_id="mmoa-pg-selection")
         with gr.Column(scale=1):
-            timings = gr.HTML(label="Time per agent", elem_id="mmoa-pg-timings")
-    candidates = gr.HTML(label="Candidate documents", elem_id="mmoa-pg-candidates")
+            _heading("Time per agent", "timings")
+            timings = gr.HTML(elem_id="mmoa-pg-timings")
+    _heading("Candidate documents (Retriever; the Selector's choice highlighted)", "candidates")
+    candidates = gr.HTML(elem_id="mmoa-pg-candidates")
     with gr.Accordion("Raw agent outputs", open=False):
         raw = gr.JSON(elem_id="mmoa-pg-raw")
 
@@ -251,24 +302,23 @@ def create_playground_tab(session: PlaygroundSession | None = None) -> dict[str,
         except (ValueError, OSError) as err:
             raise gr.Error(str(err)) from err
 
-    def on_ask(path: str, adapter: str, tmpl: str, url: str, k: float, md: str,
-               text: str) -> tuple[Any, ...]:
-        try:
-            loaded = session.load(path, adapter or "", tmpl or "")
-            result = session.ask(text, url, int(k or 0), md)
-        except (ValueError, OSError, RuntimeError) as err:  # includes retriever errors
-            raise gr.Error(str(err)) from err
-        status_line = (f"{loaded}; answered in {result.total_seconds:.2f} s "
-                       f"({len(result.trace.candidates)} candidates)")
-        return (status_line, result.trace.answer, render_subquestions(result),
-                render_selection(result), render_timings(result), render_candidates(result),
-                result.trace.to_dict())
+    def on_ask(*values: Any) -> tuple[Any, ...]:
+        outputs = ask_for_page(session, *values)
+        if outputs[0].startswith(ERROR_PREFIX):
+            gr.Warning(outputs[0][len(ERROR_PREFIX):])
+        return outputs
+
+    def clear_results() -> tuple[Any, ...]:
+        """Empty the result fields before a question, so that an error leaves no answer of
+        the previous question on screen."""
+        return ("asking…", *EMPTY_RESULTS)
 
     load_btn.click(on_load, [model_path, adapter_path, template], [status])
     ask_inputs = [model_path, adapter_path, template, retriever_url, top_k, mode, question]
     ask_outputs = [status, answer, subquestions, selection, timings, candidates, raw]
-    ask_btn.click(on_ask, ask_inputs, ask_outputs)
-    question.submit(on_ask, ask_inputs, ask_outputs)
+    for trigger in (ask_btn.click, question.submit):
+        trigger(clear_results, None, ask_outputs, queue=False).then(on_ask, ask_inputs,
+                                                                    ask_outputs)
     return {"model_path": model_path, "adapter_path": adapter_path, "template": template,
             "load_btn": load_btn, "retriever_url": retriever_url, "top_k": top_k, "mode": mode,
             "status": status, "question": question, "ask_btn": ask_btn, "answer": answer,

@@ -56,7 +56,7 @@ from mmoa.train.mappo.learner import (
     nothing_to_learn,
     rollout_diagnostics,
 )
-from mmoa.train.mappo.log import mappo_logger
+from mmoa.train.mappo.log import in_web_ui, mappo_logger, step_summary
 from mmoa.train.mappo.rewards import PenaltyConfig, compute_agent_rewards
 from mmoa.train.mappo.samples import Sample
 
@@ -316,6 +316,8 @@ class MappoTrainer(Trainer):
                 if (step + 1) % self.args.logging_steps == 0 or step == 0 \
                         or step + 1 == self.total_steps:
                     self.log(logs)
+                    if in_web_ui() and self.is_world_process_zero():
+                        mappo_logger().info(step_summary(step + 1, self.total_steps, logs))
                 should_save = self.args.save_steps and (step + 1) % self.args.save_steps == 0
                 if should_save or self._stop_signal is not None:
                     self.save_mappo_checkpoint(learner)
