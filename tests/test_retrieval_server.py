@@ -219,6 +219,10 @@ BAD_REQUESTS = [
     ("/retrieve", b'{"queries": ["ok"], "topk": 0}', 400, "expected 1 <= topk <= 100"),
     ("/retrieve", b'{"queries": ["ok"], "return_scores": "yes"}', 400, "true or false"),
     ("/search", b"\xff\xfe{}", 400, "UTF-8"),
+    # Python refuses these while parsing (a 500 before): 5,000 digits, 20,000 levels deep
+    ("/search", b'{"questions": ["ok"], "N": ' + b"9" * 5000 + b"}", 400, "cannot be read"),
+    ("/search", b'{"q": ' + b"[" * 20000 + b"]" * 20000 + b"}", 400, "nested too deeply"),
+    ("/search", b'{"questions": ["a \\ud800"]}', 400, "lone surrogate"),
 ]
 
 
@@ -237,6 +241,25 @@ def test_oversized_body_is_413(server: ServerProcess) -> None:
     response = post(server, "/search", body)
     assert response.status_code == 413, response.text
     assert "exceeds the limit of 65536 bytes" in response.json()["message"]
+
+
+def test_oversized_chunked_body_is_413(server: ServerProcess) -> None:
+    """No Content-Length: the body is read up to the limit and no further."""
+    body = json.dumps({"questions": ["capital of Moristan"]}).encode() + b" " * 100_000
+
+    def chunks() -> Any:
+        for start in range(0, len(body), 8192):
+            yield body[start:start + 8192]
+
+    response = requests.post(server.url + "/search", data=chunks(), timeout=30,
+                             headers={"Content-Type": "application/json", **AUTH})
+    assert response.request.headers.get("Transfer-Encoding") == "chunked"
+    assert response.status_code == 413, response.text
+    assert "exceeds the limit of 65536 bytes" in response.json()["message"]
+    small = body[:200]  # the same request under the limit, chunked, is served
+    response = requests.post(server.url + "/search", data=iter([small[:20], small[20:]]),
+                             timeout=30, headers={"Content-Type": "application/json", **AUTH})
+    assert response.status_code == 200, response.text
 
 
 def test_too_long_query_is_rejected(server: ServerProcess) -> None:
@@ -376,6 +399,7 @@ def test_environment_sets_options_and_arguments_win(monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.parametrize(("argv", "env", "message"), [
     (["--index", "x", "--port", "0"], {}, "--port must be positive"),
+    (["--index", "x", "--port", "99999"], {}, "--port 99999 is not a TCP port"),
     (["--index", "x", "--max-k", "5"], {}, "--default-n and --default-topk must lie in"),
     (["--index", "x"], {"MMOA_RETRIEVER_THREADS": "many"}, "MMOA_RETRIEVER_THREADS='many'"),
     (["--index", "x"], {"MMOA_RETRIEVER_FAISS_GPU": "maybe"}, "choose from auto, on, off"),

@@ -80,6 +80,10 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     except json.JSONDecodeError as err:
         raise ApiError(400, f"request body is not valid JSON: {err.msg} at line {err.lineno} "
                             f"column {err.colno}") from err
+    except RecursionError as err:
+        raise ApiError(400, "request body is nested too deeply") from err
+    except ValueError as err:  # e.g. an integer of more digits than Python converts
+        raise ApiError(400, f"request body cannot be read: {err}") from err
     if not isinstance(body, dict):
         raise ApiError(400, f"request body must be a JSON object, got {type(body).__name__}")
     return body
@@ -102,6 +106,11 @@ def parse_queries(body: dict[str, Any], name: str, limits: ServerLimits) -> list
             raise ApiError(400, f"{name}[{i}] must be a string, got {type(query).__name__}")
         if not query.strip():
             raise ApiError(400, f"{name}[{i}] is empty")
+        try:
+            query.encode("utf-8")
+        except UnicodeEncodeError as err:  # a lone surrogate such as "\ud800"
+            raise ApiError(400, f"{name}[{i}] is not valid Unicode (lone surrogate at "
+                                f"character {err.start})") from err
         if len(query) > limits.max_query_chars:
             raise ApiError(400, f"{name}[{i}] has {len(query)} characters; at most "
                                 f"{limits.max_query_chars}")
@@ -124,6 +133,16 @@ def parse_bool(body: dict[str, Any], name: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise ApiError(400, f"field '{name}' must be true or false, got {type(value).__name__}")
     return value
+
+
+def _read_at_most(stream: Any, limit: int) -> bytes:
+    """Up to ``limit`` bytes of ``stream`` (a read may return fewer bytes than asked)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit and (chunk := stream.read(min(limit - size, 1 << 16))):
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 # --------------------------------------------------------------------------------- app
@@ -181,7 +200,12 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
             _drain(length)
             raise ApiError(413, f"request body of {length} bytes exceeds the limit of "
                                 f"{limits.max_body_bytes} bytes", "payload_too_large")
-        return parse_body(request.get_data(cache=False))
+        # A chunked body has no Content-Length: read one byte past the limit to tell.
+        raw = _read_at_most(request.stream, limits.max_body_bytes + 1)
+        if len(raw) > limits.max_body_bytes:
+            raise ApiError(413, f"request body exceeds the limit of {limits.max_body_bytes} "
+                                "bytes", "payload_too_large")
+        return parse_body(raw)
 
     def _drain(length: int) -> None:
         # Read (and drop) a moderately oversized body so the client, still sending, gets the

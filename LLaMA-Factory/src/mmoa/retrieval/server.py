@@ -183,6 +183,8 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     for name in positive:
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.port > 65535:
+        parser.error(f"--port {args.port} is not a TCP port (1..65535)")
     if not 1 <= args.default_n <= args.max_k or not 1 <= args.default_topk <= args.max_k:
         parser.error("--default-n and --default-topk must lie in 1..--max-k")
     token = args.token
