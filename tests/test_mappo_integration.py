@@ -20,9 +20,32 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def full_run(tiny_model_dir: Path, tiny_mappo_data_dir: Path, tiny_server_url: str,
              tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mmoa.train.mappo.trainer import MappoTrainer
+
     out = tmp_path_factory.mktemp("mappo") / "run"
-    run_mappo(_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out))
+    save = MappoTrainer.save_mappo_checkpoint
+    writes: list[int] = []
+
+    mtimes: dict[Path, int] = {}
+
+    def counted_save(self: MappoTrainer, learner: Any) -> Path:
+        folder = save(self, learner)
+        if folder.stat().st_mtime_ns != mtimes.get(folder):  # a new or a replaced folder
+            writes.append(self.state.global_step)
+        mtimes[folder] = folder.stat().st_mtime_ns
+        return folder
+
+    MappoTrainer.save_mappo_checkpoint = counted_save  # type: ignore[method-assign]
+    try:
+        run_mappo(_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out))
+    finally:
+        MappoTrainer.save_mappo_checkpoint = save  # type: ignore[method-assign]
+    CHECKPOINT_WRITES[:] = writes
     return out
+
+
+#: The steps whose checkpoint folder ``full_run`` (re)wrote, in order.
+CHECKPOINT_WRITES: list[int] = []
 
 
 def _log(folder: Path) -> list[dict]:
@@ -39,6 +62,8 @@ def test_three_steps_write_checkpoints_logs_and_plots(full_run: Path) -> None:
                  "trainer_state.json", "training_loss.png", "training_reward.png",
                  "training_kl.png", "training_answer_f1.png"):
         assert (full_run / name).is_file(), name
+    # save_steps 1 and the end of training both ask for checkpoint-3: written once
+    assert CHECKPOINT_WRITES == [1, 2, 3]
     log = _log(full_run)
     assert [entry["current_steps"] for entry in log] == [1, 2, 3]
     assert all(entry["total_steps"] == 3 and "loss" in entry and "reward" in entry

@@ -141,6 +141,9 @@ class MappoTrainer(Trainer):
         )
         self._stop_signal: int | None = None
         self._nonfinite_in_a_row = 0
+        #: The step the last checkpoint of this run holds: the last step can ask for one
+        #: several times (save_steps, the end of training, a stop signal).
+        self._saved_step: int | None = None
 
     # -- data order ----------------------------------------------------------------------------
 
@@ -496,6 +499,8 @@ class MappoTrainer(Trainer):
         and, under DeepSpeed, its optimiser partition (the engine's ``save_checkpoint``) into a
         staging folder that the main process moves into the checkpoint."""
         folder = Path(self.args.output_dir) / f"{CHECKPOINT_PREFIX}-{self.state.global_step}"
+        if self._saved_step == self.state.global_step:  # the same on every process
+            return folder
         distributed = self.args.world_size > 1
         staging = folder.with_name(f".{folder.name}.parts")
         if distributed:
@@ -533,6 +538,7 @@ class MappoTrainer(Trainer):
             self.callback_handler.on_save(self.args, self.state, self.control)
         if distributed:
             self.accelerator.wait_for_everyone()
+        self._saved_step = self.state.global_step
         return folder
 
     def _rng_file(self) -> str:
