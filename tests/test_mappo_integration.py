@@ -5,6 +5,7 @@ uninterrupted one. Also the start-up checks (retriever down, dataset without ans
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -78,12 +79,27 @@ def test_three_steps_write_checkpoints_logs_and_plots(full_run: Path) -> None:
     assert history[0]["kl"] == pytest.approx(0.0, abs=1e-6), "policy == reference at step 1"
 
 
+def test_logged_steps_until_a_checkpoint(tmp_path: Path) -> None:
+    from mmoa.train.mappo.workflow import logged_steps_until
+
+    lines = [json.dumps({"current_steps": step, "loss": 0.1 * step}) for step in (1, 2, 3)]
+    (tmp_path / "trainer_log.jsonl").write_text("\n".join(lines) + "\n" + '{"current_st')
+    kept = logged_steps_until(str(tmp_path), str(tmp_path / "checkpoint-2"))
+    assert kept == lines[0] + "\n" + lines[1] + "\n"
+    assert logged_steps_until(str(tmp_path), None) is None
+    assert logged_steps_until(str(tmp_path / "none"), str(tmp_path / "checkpoint-2")) is None
+
+
 def test_resumed_run_matches_the_uninterrupted_one(full_run: Path, tiny_model_dir: Path,
                                                    tiny_mappo_data_dir: Path, tiny_server_url: str,
                                                    tmp_path: Path) -> None:
+    # Resumed in its own folder (overwrite_output_dir: true, as the demo configs have it),
+    # after a run that had got past the checkpoint: the log keeps steps 1-2 once each.
     out = tmp_path / "resumed"
+    shutil.copytree(full_run, out, ignore=shutil.ignore_patterns("checkpoint-3"))
     run_mappo(_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out,
-                      resume_from_checkpoint=str(full_run / "checkpoint-2")))
+                      resume_from_checkpoint=str(out / "checkpoint-2")))
+    assert [entry["current_steps"] for entry in _log(out)] == [1, 2, 3]
     full = json.loads((full_run / "trainer_state.json").read_text())["log_history"]
     resumed = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert [h["step"] for h in resumed] == [1, 2, 3], "history up to step 2 comes along"

@@ -6,6 +6,7 @@ wrong URL or a dataset without gold answers fails in seconds, before a large mod
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,13 @@ from typing import Any
 from mmoa.data.loaders import load_qa
 from mmoa.data.records import QARecord
 from mmoa.data.registry import resolve_dataset
+from mmoa.fileio import atomic_write_text
 from mmoa.train.mappo.args import MappoArguments, split_mappo_args
 from mmoa.train.mappo.log import mappo_logger
 
 PLOT_KEYS = ["loss", "reward", "answer_f1", "kl", "kl_coef", "value_loss"]
+#: LLaMA-Factory's per-step log (``extras.constants.TRAINER_LOG``), which the web UI reads.
+TRAINER_LOG_FILE = "trainer_log.jsonl"
 
 
 def load_mappo_records(dataset: str, dataset_dir: str, max_samples: int | None) -> list[QARecord]:
@@ -90,7 +94,12 @@ def run_mappo(config: dict[str, Any], callbacks: list[Any] | None = None) -> Non
     import torch
     from llamafactory.extras.ploting import plot_loss
 
+    history = logged_steps_until(config.get("output_dir"), config.get("resume_from_checkpoint"))
     trainer, training_args, finetuning_args = build_mappo_trainer(config, callbacks)
+    if history is not None and trainer.is_world_process_zero():
+        # LLaMA-Factory's LogCallback deletes the log of a folder it may overwrite; a resumed
+        # run keeps the steps up to its checkpoint (later lines were of the abandoned part).
+        atomic_write_text(Path(training_args.output_dir) / TRAINER_LOG_FILE, history)
     torch.manual_seed(training_args.seed)
     trainer.mappo_train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     output = Path(training_args.output_dir)
@@ -100,6 +109,26 @@ def run_mappo(config: dict[str, Any], callbacks: list[Any] | None = None) -> Non
         trainer.state.save_to_json(str(output / "trainer_state.json"))
         if finetuning_args.plot_loss:
             plot_loss(str(output), keys=PLOT_KEYS)
+
+
+def logged_steps_until(output_dir: str | None, checkpoint: str | None) -> str | None:
+    """The lines of ``output_dir``'s trainer log up to the step of ``checkpoint`` (a
+    ``checkpoint-N`` folder), or ``None`` when not resuming or there is no log."""
+    if not output_dir or not checkpoint:
+        return None
+    log = Path(output_dir) / TRAINER_LOG_FILE
+    step = Path(checkpoint).name.rpartition("-")[2]
+    if not log.is_file() or not step.isdigit():
+        return None
+    kept = []
+    for line in log.read_text(encoding="utf-8").splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a killed run
+        if isinstance(entry, dict) and entry.get("current_steps", 0) <= int(step):
+            kept.append(line + "\n")
+    return "".join(kept)
 
 
 def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = None
