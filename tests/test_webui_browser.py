@@ -404,7 +404,8 @@ def test_playground_shows_the_pipeline_trace(board: Board, tiny_model_dir: Path,
     assert [r.get_attribute("data-agent") for r in timing_rows] == [
         "qr", "retrieve", "selector", "generator"]
     assert all(r.text.endswith(" s") for r in timing_rows)
-    headings = [h.text for h in board.find_all(".mmoa-pg-heading")]
+    # (gradio puts the class on the block and on its inner markdown: each heading twice)
+    headings = list(dict.fromkeys(h.text for h in board.find_all(".mmoa-pg-heading")))
     assert [h.split(" (")[0] for h in headings] == [
         "Sub-questions", "Time per agent", "Candidate documents"], headings
 
