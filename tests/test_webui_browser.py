@@ -333,6 +333,10 @@ def test_mappo_stage_preview_start_progress_and_stop(board: Board, webui: dict,
               and not board.progress(), 120, "the run to stop after Abort")
     board.screenshot("webui_04_stopped")
 
+    # The log box: a line per step with reward, F1 and KL; no model-config dumps.
+    running_log = (output_dir / "running_log.txt").read_text()
+    assert "[mappo] step 1/" in running_log and "answer F1" in running_log, running_log[-2000:]
+    assert "Model config" not in running_log
     written = (output_dir / "training_args.yaml").read_text()
     assert "stage: mappo" in written and "mappo_top_k: 5" in written
     log = [json.loads(line) for line in

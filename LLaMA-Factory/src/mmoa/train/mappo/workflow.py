@@ -16,7 +16,7 @@ from mmoa.data.records import QARecord
 from mmoa.data.registry import resolve_dataset
 from mmoa.fileio import atomic_write_text
 from mmoa.train.mappo.args import MappoArguments, split_mappo_args
-from mmoa.train.mappo.log import mappo_logger
+from mmoa.train.mappo.log import in_web_ui, mappo_logger
 
 PLOT_KEYS = ["loss", "reward", "answer_f1", "kl", "kl_coef", "value_loss"]
 #: LLaMA-Factory's per-step log (``extras.constants.TRAINER_LOG``), which the web UI reads.
@@ -146,6 +146,12 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
     mappo_args, rest = split_mappo_args(config)
     rest.setdefault("do_train", True)
     model_args, data_args, training_args, finetuning_args, _ = get_train_args(rest)
+    if in_web_ui():
+        # LLaMA-Factory's parser turned transformers to INFO, whose model-config dumps would
+        # fill LlamaBoard's log box (it shows both libraries' INFO lines)
+        import transformers
+
+        transformers.utils.logging.set_verbosity_warning()
     check_training_setup(model_args, training_args, finetuning_args)
     if not data_args.dataset:
         raise ValueError("the mappo stage needs `dataset` (a MAPPO prompt set)")
