@@ -350,6 +350,47 @@ def test_playground_starts_on_the_most_trained_demo_model(tmp_path: Path) -> Non
     assert default_model(tmp_path) == ("saves/smollm2-135m/full/sft", "smollm2")
 
 
+def test_failure_report_names_the_error_and_keeps_the_last_lines() -> None:
+    from mmoa.webui.patches import FAILURE_TAIL_LINES, failure_report
+
+    stderr = ("loading\n  0%|   | 0/9\r 50%|#  | 4/9\r100%|##| 9/9\n"
+              + "".join(f"line {i}\n" for i in range(40))
+              + "[mappo] error: the retrieval server at http://127.0.0.1:9 does not answer\n"
+              + "  start it with: bash run_server.sh --index data/demo/index\n")
+    summary, tail = failure_report(stderr)
+    assert summary == ("[mappo] error: the retrieval server at http://127.0.0.1:9 does not "
+                       "answer")
+    assert len(tail.splitlines()) == FAILURE_TAIL_LINES
+    assert tail.endswith("start it with: bash run_server.sh --index data/demo/index")
+    raised = "Traceback (most recent call last):\n  File x\nValueError: bad lr\nbye\n"
+    assert failure_report(raised)[0] == "ValueError: bad lr"
+    progress = "100%|##| 9/9\r"
+    assert failure_report("step\r" + progress + "\n")[0] == "100%|##| 9/9"
+    assert failure_report("")[0] == "the run ended without a message"
+
+
+def test_monitor_rewrites_a_failure_and_passes_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gradio as gr
+
+    from mmoa.webui.patches import _wrap_monitor
+
+    box, bar = object(), object()
+    failed = "Failed. Exit code: 1\n\n```\nx\r100%\nRuntimeError: out of memory\n```\n"
+    updates = [{box: "running", bar: 10}, {box: failed, bar: None}]
+
+    class FakeRunner:
+        manager = type("M", (), {"get_elem_by_id": staticmethod(lambda _: box)})()
+
+    warnings: list[str] = []
+    monkeypatch.setattr(gr, "Warning", warnings.append)
+    out = list(_wrap_monitor(lambda self: iter(updates))(FakeRunner()))
+    assert out[0] == updates[0]
+    assert out[1][bar] is None
+    assert out[1][box].startswith("**Failed.** (exit code 1): RuntimeError: out of memory")
+    assert "```\n100%\nRuntimeError: out of memory\n```" in out[1][box]
+    assert warnings == ["The run failed: RuntimeError: out of memory"]
+
+
 def test_remove_patches_restores_llamafactory(ui: tuple[Any, Any]) -> None:
     from llamafactory.extras.constants import TRAINING_STAGES
     from llamafactory.webui import interface, runner
@@ -363,6 +404,7 @@ def test_remove_patches_restores_llamafactory(ui: tuple[Any, Any]) -> None:
         assert runner.Popen is originals["popen"]
         assert runner.Runner._parse_train_args is originals["parse"]
         assert runner.Runner._initialize is originals["initialize"]
+        assert runner.Runner.monitor is originals["monitor"]
         assert runner.gen_cmd is originals["gen_cmd"]
         assert runner.get_trainer_info is originals["trainer_info"]
         assert interface.create_train_tab is originals["train_tab"]

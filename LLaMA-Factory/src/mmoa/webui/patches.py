@@ -24,7 +24,10 @@ our UI with theirs). Instead :func:`apply_patches` changes a few module-level na
    :func:`save_user_config`: LlamaBoard runs it un-queued on every keystroke in the model path,
    so several threads rewrite ``user_config.yaml`` at once, and one that reads the file while
    another has just truncated it gets ``None`` and fails with an error toast. Ours serialises the
-   writers and replaces the file atomically, so readers always see a whole file.
+   writers and replaces the file atomically, so readers always see a whole file;
+9. ``Runner.monitor`` turns a failed run's "Failed. Exit code: N" and its whole stderr
+   (progress-bar redraws included, often one very long line) into the line that says what
+   went wrong and the run's last lines, with a warning toast.
 
 It also makes the defaults CPU-friendly when no accelerator is present: fp32 instead of bf16,
 and no more preprocessing workers than cores.
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -188,6 +192,58 @@ def _wrap_gen_cmd(original: Callable[[dict[str, Any]], str]) -> Callable[[dict[s
     return gen_cmd
 
 
+# ------------------------------------------------------------------ 9. a readable failure
+
+#: LlamaBoard's failure text: ``"<Failed.> Exit code: N\n\n```\n<stderr>\n```\n"``.
+_FAILURE = re.compile(r"^(?P<head>.*?) Exit code: (?P<code>-?\d+)\n\n```\n(?P<stderr>.*)\n```\n?$",
+                      re.DOTALL)
+#: Lines of the run's stderr shown under the summary.
+FAILURE_TAIL_LINES = 25
+
+
+def failure_report(stderr: str) -> tuple[str, str]:
+    """``(summary, tail)`` of a failed run's stderr: the line that says what went wrong (our
+    ``error:`` lines, else the last exception line, else the last line) and the last lines
+    with progress-bar redraws reduced to their final state."""
+    # (split on newlines only: str.splitlines would also split the \r of each bar redraw)
+    lines = [line.rstrip("\r").rsplit("\r", 1)[-1].rstrip() for line in stderr.split("\n")]
+    lines = [line for line in lines if line.strip()]
+    if not lines:
+        return "the run ended without a message", ""
+    ours = [line for line in lines if "] error:" in line or line.startswith("error:")]
+    raised = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Stopped)\b", line)]
+    summary = (ours or raised or lines)[-1].strip()
+    return summary, "\n".join(lines[-FAILURE_TAIL_LINES:])
+
+
+def _readable_failure(text: str) -> tuple[str, str] | None:
+    """LlamaBoard's failure text rewritten as ``(markdown, summary)``; ``None`` if it is not one."""
+    match = _FAILURE.match(text)
+    if match is None:
+        return None
+    summary, tail = failure_report(match["stderr"])
+    markdown = (f"**{match['head']}** (exit code {match['code']}): {summary}\n\n"
+                f"Last lines of the run's output:\n\n```\n{tail}\n```\n")
+    return markdown, summary
+
+
+def _wrap_monitor(original: Callable[..., Any]) -> Callable[..., Any]:
+    def monitor(self: Any) -> Any:
+        output_box = self.manager.get_elem_by_id("train.output_box")
+        for update in original(self):
+            text = update.get(output_box) if isinstance(update, dict) else None
+            failure = _readable_failure(text) if isinstance(text, str) else None
+            if failure is not None:
+                import gradio as gr
+
+                update = {**update, output_box: failure[0]}
+                gr.Warning(f"The run failed: {failure[1]}")
+            yield update
+
+    monitor.__wrapped__ = original  # type: ignore[attr-defined]
+    return monitor
+
+
 # ------------------------------------------------------------------------ 5. reward plot
 
 
@@ -339,7 +395,7 @@ def apply_patches() -> None:
 
     _originals.update({
         "parse": runner.Runner._parse_train_args, "initialize": runner.Runner._initialize,
-        "popen": runner.Popen, "gen_cmd": runner.gen_cmd,
+        "popen": runner.Popen, "gen_cmd": runner.gen_cmd, "monitor": runner.Runner.monitor,
         "trainer_info": runner.get_trainer_info,
         "train_tab": interface.create_train_tab, "footer": interface.create_footer,
         "save_config": [module.save_config for module in _save_config_modules()],
@@ -347,6 +403,7 @@ def apply_patches() -> None:
     TRAINING_STAGES[MAPPO_STAGE_LABEL] = MAPPO_STAGE
     runner.Runner._parse_train_args = _wrap_parse_train_args(_originals["parse"])
     runner.Runner._initialize = _wrap_initialize(_originals["initialize"])
+    runner.Runner.monitor = _wrap_monitor(_originals["monitor"])
     runner.Popen = RoutingPopen
     runner.gen_cmd = _wrap_gen_cmd(_originals["gen_cmd"])
     runner.get_trainer_info = _wrap_trainer_info(_originals["trainer_info"])
@@ -366,6 +423,7 @@ def remove_patches() -> None:
     TRAINING_STAGES.pop(MAPPO_STAGE_LABEL, None)
     runner.Runner._parse_train_args = _originals["parse"]
     runner.Runner._initialize = _originals["initialize"]
+    runner.Runner.monitor = _originals["monitor"]
     runner.Popen = _originals["popen"]
     runner.gen_cmd = _originals["gen_cmd"]
     runner.get_trainer_info = _originals["trainer_info"]
