@@ -414,3 +414,49 @@ def test_bad_options_are_usage_errors(monkeypatch: pytest.MonkeyPatch,
         parse(argv)
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ MAPPO's start-up server check
+
+
+def _mappo_args(url: str, token: str | None) -> Any:
+    from mmoa.train.mappo.args import MappoArguments
+
+    return MappoArguments(mappo_retriever_url=url, mappo_retriever_token=token,
+                          mappo_retriever_retries=0, mappo_retriever_timeout=10)
+
+
+def test_mappo_checks_the_token_before_loading_a_model(server: ServerProcess) -> None:
+    from mmoa.train.mappo.workflow import check_retriever
+
+    assert check_retriever(_mappo_args(server.url, TOKEN)).url == server.url
+    with pytest.raises(ValueError, match="refused the bearer token"):
+        check_retriever(_mappo_args(server.url, "wrong-token"))
+    with pytest.raises(ValueError, match="refused the bearer token"):
+        check_retriever(_mappo_args(server.url, None))
+
+
+def test_mappo_names_a_url_that_is_not_our_server() -> None:
+    import http.server
+    import threading
+
+    from mmoa.train.mappo.workflow import check_retriever
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"<html>hello</html>" if self.path == "/health" else b"not here"
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        with pytest.raises(ValueError, match="not as a retrieval server of this project"):
+            check_retriever(_mappo_args(url, None))
+    finally:
+        httpd.shutdown()

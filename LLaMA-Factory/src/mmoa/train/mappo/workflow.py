@@ -63,14 +63,36 @@ def check_training_setup(model_args: Any, training_args: Any, finetuning_args: A
             "model as model_name_or_path")
 
 
+#: How to start the server, for the start-up errors.
+START_SERVER = "bash run_server.sh --index <index folder>"
+
+
 def check_retriever(mappo_args: MappoArguments) -> Any:
-    from mmoa.retrieval.client import RetrievalClient
+    """The client of a live retrieval server of this project that accepts our token, checked
+    before the model loads: ``/health`` needs no token, so one query is sent too. Anything
+    else is a ``ValueError`` (``RetrieverUnavailableError`` when nothing answers) that names
+    the URL and what to do."""
+    from mmoa.retrieval.client import RetrievalClient, RetrieverRequestError
 
     client = RetrievalClient(
         mappo_args.mappo_retriever_url, token=mappo_args.mappo_retriever_token,
         timeout=mappo_args.mappo_retriever_timeout, retries=mappo_args.mappo_retriever_retries,
     )
-    health = client.health()  # raises RetrieverUnavailableError naming the URL
+    try:
+        health = client.health()  # raises RetrieverUnavailableError naming the URL
+    except (RetrieverRequestError, ValueError) as err:  # an HTTP error, or not JSON
+        raise ValueError(f"{client.url} answers, but not as a retrieval server of this project "
+                         f"({err}); start one with: {START_SERVER}") from err
+    if not isinstance(health, dict) or "corpus_size" not in health:
+        raise ValueError(f"{client.url}/health answers without a corpus size: not a retrieval "
+                         f"server of this project; start one with: {START_SERVER}")
+    try:
+        client.retrieve(["retriever check"], topk=1)
+    except RetrieverRequestError as err:
+        if err.status == 401:
+            raise ValueError(f"{client.url} refused the bearer token ({err.message}); set "
+                             "mappo_retriever_token to the server's token") from err
+        raise ValueError(f"{client.url} answers /health but not a query ({err})") from err
     mappo_logger().info(f"[mappo] retriever {client.url}: {health.get('corpus_size', '?')} "
                         f"passages, {health.get('index_type', '?')} index")
     return client
