@@ -208,3 +208,65 @@ def test_two_processes_stop_together_when_the_retriever_dies(tiny_model_dir: Pat
     checkpoint = out / f"checkpoint-{saved}"
     for name in ("model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"):
         assert (checkpoint / name).is_file(), name
+
+
+def test_sigterm_saves_the_step_and_exits_unfinished(tiny_model_dir: Path,
+                                                     tiny_mappo_data_dir: Path,
+                                                     tiny_server_url: str, tmp_path: Path) -> None:
+    """SIGTERM: the step under way is finished and saved, no final model is written (the run is
+    not complete) and the exit code is 143, so that a scheduler sees an interrupted job."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    out = tmp_path / "run"
+    config = _config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out, max_steps=50,
+                     save_steps=100, plot_loss=False)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen([sys.executable, "-m", "mmoa.cli", "train", str(tmp_path / "run.yaml")],
+                            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 300
+        log = out / "trainer_log.jsonl"
+        while not (log.is_file() and log.read_text().strip()):  # the first step is logged
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "[mappo] interrupted: SIGTERM received: stopped after step" in stderr
+    checkpoints = sorted(out.glob("checkpoint-*"))
+    assert len(checkpoints) == 1 and (checkpoints[0] / "mappo_state.json").is_file()
+    assert f"resume_from_checkpoint={checkpoints[0]}" in stderr
+    assert not (out / "model.safetensors").exists(), "an interrupted run writes no final model"
+    assert not os.path.exists(out / "trainer_state.json")
+
+
+_STOP_PROBE = """
+import os, signal, sys
+from mmoa.train.mappo.trainer import StopRequest
+stop = StopRequest()
+signal.signal(signal.SIGTERM, stop)
+os.kill(os.getpid(), signal.SIGTERM)
+print("first", stop.signum, flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+print("still running", flush=True)
+"""
+
+
+def test_a_second_signal_stops_at_once() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _STOP_PROBE], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.stdout.splitlines() == [f"first {int(signal.SIGTERM)}"], result.stderr
+    assert result.returncode == -signal.SIGTERM

@@ -77,6 +77,33 @@ class TrainingStopped(RuntimeError):
     """The run stopped early for a reason the user must see (retriever down, NaN losses)."""
 
 
+class TrainingInterrupted(TrainingStopped):
+    """SIGINT or SIGTERM: the step under way finished and was saved; the run is not complete,
+    so no final model is written and the process exits with 128 + the signal's number."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path) -> None:
+        super().__init__(f"{signal.Signals(signum).name} received: stopped after step {step}, "
+                         f"saved in {checkpoint}; resume with "
+                         f"resume_from_checkpoint={checkpoint}")
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+class StopRequest:
+    """The SIGINT/SIGTERM handler: the first signal asks the loop to stop after the current
+    step (with a checkpoint); a second one ends the process at once, as it would unhandled."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def __call__(self, signum: int, _frame: Any) -> None:
+        if self.signum is not None:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.signum = signum
+
+
 class MappoTrainer(Trainer):
     """Jointly optimises the agents named in ``mappo_args.mappo_agents``."""
 
@@ -139,7 +166,7 @@ class MappoTrainer(Trainer):
             min_kl_coef=mappo_args.mappo_min_kl_coef,
             ratio_threshold=mappo_args.mappo_ratio_threshold,
         )
-        self._stop_signal: int | None = None
+        self._stop = StopRequest()
         self._nonfinite_in_a_row = 0
         #: The step the last checkpoint of this run holds: the last step can ask for one
         #: several times (save_steps, the end of training, a stop signal).
@@ -308,6 +335,7 @@ class MappoTrainer(Trainer):
         self.state.is_world_process_zero = self.is_world_process_zero()
         self.control = self.callback_handler.on_train_begin(self.args, self.state, self.control)
         previous = self._install_signal_handlers()
+        interrupted: TrainingInterrupted | None = None
         # Progress: Trainer's ProgressCallback draws the bar from on_step_end / on_log.
         try:
             for step in range(start_step, self.total_steps):
@@ -322,19 +350,19 @@ class MappoTrainer(Trainer):
                     if in_web_ui() and self.is_world_process_zero():
                         mappo_logger().info(step_summary(step + 1, self.total_steps, logs))
                 should_save = self.args.save_steps and (step + 1) % self.args.save_steps == 0
-                if should_save or self._stop_signal is not None:
-                    self.save_mappo_checkpoint(learner)
-                if self._stop_signal is not None:
-                    name = signal.Signals(self._stop_signal).name
-                    mappo_logger().warning(f"[mappo] {name} received: checkpoint saved at "
-                                           f"step {step + 1}, stopping.")
+                if should_save or self._stop.signum is not None:
+                    checkpoint = self.save_mappo_checkpoint(learner)
+                if self._stop.signum is not None:
+                    interrupted = TrainingInterrupted(self._stop.signum, step + 1, checkpoint)
                     break
-                if self.control.should_training_stop:
+                if self.control.should_training_stop:  # max_steps, or the web UI's Abort
                     self.save_mappo_checkpoint(learner)
                     break
         finally:
             self._restore_signal_handlers(previous)
         self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
+        if interrupted is not None:
+            raise interrupted
 
     def _train_step(self, step: int, learner: PPOLearner) -> dict[str, float]:
         from mmoa.retrieval.client import RetrieverRequestError, RetrieverUnavailableError
@@ -446,14 +474,11 @@ class MappoTrainer(Trainer):
     # -- signals -------------------------------------------------------------------------------
 
     def _install_signal_handlers(self) -> dict[int, Any]:
-        def handler(signum: int, _frame: Any) -> None:
-            self._stop_signal = signum
-
         previous = {}
         for sig in (signal.SIGINT, signal.SIGTERM):
             # Outside the main thread (e.g. a web UI worker) signals cannot be caught.
             with contextlib.suppress(ValueError):
-                previous[sig] = signal.signal(sig, handler)
+                previous[sig] = signal.signal(sig, self._stop)
         return previous
 
     @staticmethod

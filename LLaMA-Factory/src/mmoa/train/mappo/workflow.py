@@ -100,10 +100,13 @@ def check_retriever(mappo_args: MappoArguments) -> Any:
 
 def run_mappo_from_config(config: dict[str, Any]) -> int:
     from mmoa.retrieval.client import RetrieverUnavailableError
-    from mmoa.train.mappo.trainer import TrainingStopped
+    from mmoa.train.mappo.trainer import TrainingInterrupted, TrainingStopped
 
     try:
         run_mappo(config)
+    except TrainingInterrupted as err:
+        print(f"[mappo] interrupted: {err}", file=sys.stderr, flush=True)
+        return err.exit_code
     except (RetrieverUnavailableError, TrainingStopped, ValueError, KeyError,
             FileNotFoundError) as err:
         # stderr, not the logger: the web UI shows a failed run's stderr.
