@@ -646,6 +646,36 @@ def test_jsonl_line_that_is_not_an_object(tmp_path: Path) -> None:
         load_qa(path, "nq_open")
 
 
+def test_a_byte_that_is_not_utf8_names_file_line_and_offset(tmp_path: Path) -> None:
+    """A Latin-1 byte (0xe9) on line 3 of a JSON Lines file, and in a JSON list: the error
+    names the file, the line and the byte offset (it was a bare UnicodeDecodeError)."""
+    lines = [json.dumps(NQ_OPEN[0]).encode(), json.dumps(NQ_OPEN[1]).encode(),
+             b'{"question": "caf\xe9?", "answer": ["x"]}']
+    path = tmp_path / "nq.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    offset = len(lines[0]) + len(lines[1]) + 2 + lines[2].index(b"\xe9")
+    with pytest.raises(DataFormatError, match="^" + re.escape(
+            f"{path}:3: byte 0xe9 at byte offset {offset} is not UTF-8")):
+        load_qa(path, "nq_open")
+    listed = tmp_path / "hotpot.json"
+    data = json.dumps(HOTPOT, indent=1).encode().replace(b"Ed Wood (film)", b"Ed W\xf6od")
+    listed.write_bytes(data)
+    at = data.index(b"\xf6")
+    line = data[:at].count(b"\n") + 1
+    with pytest.raises(DataFormatError, match="^" + re.escape(
+            f"{listed}:{line}: byte 0xf6 at byte offset {at} is not UTF-8")):
+        load_qa(listed, "hotpotqa")
+
+
+def test_a_registry_that_is_not_utf8_names_the_file(tmp_path: Path) -> None:
+    from mmoa.data.registry import read_dataset_info
+
+    (tmp_path / "dataset_info.json").write_bytes(b'{\n "x": {"file_name": "\xff"}}')
+    with pytest.raises(DataFormatError, match=re.escape(
+            f"{tmp_path / 'dataset_info.json'}:2: byte 0xff at byte offset 23 is not UTF-8")):
+        read_dataset_info(tmp_path)
+
+
 def test_truncated_json_list(tmp_path: Path) -> None:
     path = tmp_path / "hotpot.json"
     path.write_text(json.dumps(HOTPOT)[:-10], encoding="utf-8")

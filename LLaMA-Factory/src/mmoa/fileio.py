@@ -123,13 +123,39 @@ class DataFormatError(ValueError):
     """Bad input data; the message names the file, the line or record, and the field."""
 
 
+def decode_utf8(data: bytes, source: PathLike, first_line: int = 1, offset: int = 0) -> str:
+    """``data`` decoded as UTF-8; a byte that is not UTF-8 is a :class:`DataFormatError` naming
+    the file, the line and the byte offset in the file (Python's own error gives an offset in
+    an internal buffer and names no file). ``data`` starts at line ``first_line``, byte
+    ``offset`` of ``source``."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = first_line + data.count(b"\n", 0, err.start)
+        raise DataFormatError(
+            f"{source}:{line}: byte 0x{data[err.start]:02x} at byte offset {offset + err.start} "
+            f"is not UTF-8 ({err.reason}); save the file as UTF-8") from err
+
+
+def read_utf8_text(path: PathLike) -> str:
+    """The whole file as text, with :func:`decode_utf8`'s error for a byte that is not UTF-8."""
+    source = Path(path)
+    return decode_utf8(source.read_bytes(), source)
+
+
 def iter_jsonl(path: PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, object)`` for each non-blank line, 1-based line numbers."""
+    """Yield ``(line_number, object)`` for each non-blank line, 1-based line numbers.
+
+    Lines are read as bytes and decoded one by one, so that a byte that is not UTF-8 is
+    reported with its line and byte offset."""
     source = Path(path)
     if not source.is_file():
         raise FileNotFoundError(f"{source}: no such file")
-    with source.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+    with source.open("rb") as handle:
+        offset = 0
+        for line_number, raw in enumerate(handle, start=1):
+            line = decode_utf8(raw, source, line_number, offset)
+            offset += len(raw)
             if not line.strip():
                 continue
             try:

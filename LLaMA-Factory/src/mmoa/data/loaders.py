@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from mmoa.data.records import QARecord, json_type_name
-from mmoa.fileio import DataFormatError, PathLike, iter_jsonl
+from mmoa.fileio import DataFormatError, PathLike, iter_jsonl, read_utf8_text
 
 __all__ = [
     "AMBIGQA_ANSWER_SETS",
@@ -76,14 +76,16 @@ DEFAULT_AMBIGQA_ANSWERS = "nq_answer"
 
 
 def _first_char(path: Path) -> str:
-    with path.open(encoding="utf-8") as handle:
+    """The first non-blank character (only ``[`` matters: a JSON list). Read as bytes, so that
+    a file that is not UTF-8 reaches the reader that reports the line and byte offset."""
+    with path.open("rb") as handle:
         while True:
             chunk = handle.read(4096)
             if not chunk:
                 return ""
             stripped = chunk.lstrip()
             if stripped:
-                return stripped[0]
+                return chr(stripped[0])
 
 
 def iter_raw_records(path: PathLike) -> Iterator[tuple[str, int, dict[str, Any]]]:
@@ -99,13 +101,12 @@ def iter_raw_records(path: PathLike) -> Iterator[tuple[str, int, dict[str, Any]]
         for line_number, obj in iter_jsonl(source):
             yield f"{source}:{line_number}", line_number, obj
         return
-    with source.open(encoding="utf-8") as handle:
-        try:
-            data = json.load(handle)
-        except json.JSONDecodeError as err:
-            raise DataFormatError(
-                f"{source}: invalid JSON at line {err.lineno} column {err.colno} ({err.msg})"
-            ) from err
+    try:
+        data = json.loads(read_utf8_text(source))
+    except json.JSONDecodeError as err:
+        raise DataFormatError(
+            f"{source}: invalid JSON at line {err.lineno} column {err.colno} ({err.msg})"
+        ) from err
     if not isinstance(data, list):
         raise DataFormatError(f"{source}: expected a JSON list of records")
     for index, obj in enumerate(data):

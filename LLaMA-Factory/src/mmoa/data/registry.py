@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mmoa.data.records import QARecord
-from mmoa.fileio import DataFormatError, atomic_write_json
+from mmoa.fileio import DataFormatError, atomic_write_json, read_utf8_text
 
 DATASET_INFO = "dataset_info.json"
 
@@ -24,7 +24,7 @@ def read_dataset_info(dataset_dir: str | Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+        info = json.loads(read_utf8_text(path))
     except json.JSONDecodeError as err:
         raise DataFormatError(f"{path}: invalid JSON at line {err.lineno} ({err.msg})") from err
     if not isinstance(info, dict):

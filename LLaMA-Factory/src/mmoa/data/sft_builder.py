@@ -44,7 +44,7 @@ from mmoa.agents.prompts import (
 from mmoa.data.records import QARecord
 from mmoa.data.registry import register_datasets
 from mmoa.data.support import GoldSupport
-from mmoa.fileio import DataFormatError, atomic_path, atomic_write_jsonl
+from mmoa.fileio import DataFormatError, atomic_path, atomic_write_jsonl, read_utf8_text
 
 LabelSource = Literal["heuristic", "supporting"]
 
@@ -138,7 +138,7 @@ def load_rewrites(path: str | Path) -> dict[str, list[str]]:
     source = Path(path)
     if not source.is_file():
         raise FileNotFoundError(f"{source}: rewrites file not found")
-    text = source.read_text(encoding="utf-8")
+    text = read_utf8_text(source)
     try:
         items = json.loads(text) if text.lstrip().startswith("[") else [
             json.loads(line) for line in text.splitlines() if line.strip()
