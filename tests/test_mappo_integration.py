@@ -146,14 +146,25 @@ def test_two_processes_under_torchrun(tiny_model_dir: Path, tiny_mappo_data_dir:
 def test_a_retriever_that_dies_mid_run_saves_and_stops(tiny_model_dir: Path,
                                                        tiny_mappo_data_dir: Path,
                                                        tiny_index_dir: Path,
+                                                       tiny_server_url: str,
                                                        tmp_path: Path) -> None:
-    """The server goes away after step 1: step 2's rollout retries, then the run saves the
-    last completed step and stops with a message naming it."""
+    """The server goes away after step 1: step 2's rollout retries once, then the run saves the
+    last completed step as it was before step 2's rollout drew its random numbers, and stops
+    with a message saying exactly that. Resumed with a server back, the run is the
+    uninterrupted one: same losses at steps 2 and 3, same final weights. (A Generator penalty
+    for answers over two words makes the tiny model's rewards, and so its losses, depend on
+    what it sampled; without it every reward is 0.)"""
+    import torch
+    from safetensors.torch import load_file
     from transformers import TrainerCallback
 
     from mmoa.train.mappo.trainer import TrainingStopped
     from tests.retrieval_fixtures import running_server
 
+    rewarded = {"mappo_generator_max_words": 2}
+    full_run = tmp_path / "uninterrupted"
+    run_mappo(_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, full_run,
+                      **rewarded))
     out = tmp_path / "run"
     with running_server(["--index", str(tiny_index_dir)],
                         log_path=tmp_path / "server.log") as server:
@@ -165,12 +176,87 @@ def test_a_retriever_that_dies_mid_run_saves_and_stops(tiny_model_dir: Path,
 
         config = _config(tiny_model_dir, tiny_mappo_data_dir, server.url, out,
                          save_steps=100, mappo_retriever_retries=1,
-                         mappo_retriever_timeout=5)
-        with pytest.raises(TrainingStopped, match=r"retrieval failed at step 2 .*step \(1\)"):
+                         mappo_retriever_timeout=5, **rewarded)
+        with pytest.raises(TrainingStopped) as info:
             run_mappo(config, callbacks=[StopServerAfterStepOne()])
-    assert (out / "checkpoint-1" / "mappo_state.json").is_file()
+    message = str(info.value)
+    assert message.startswith("retrieval failed at step 2 after 1 retry: "), message
+    assert f"the last completed step (1) is saved in {out / 'checkpoint-1'}" in message
     assert json.loads((out / "checkpoint-1" / "mappo_state.json").read_text())[
         "global_step"] == 1
+    # the random state the uninterrupted run had after step 1, not the one step 2's rollout
+    # left (its QR generation sampled before retrieval failed)
+    saved = torch.load(out / "checkpoint-1" / "rng_state.pth", weights_only=False)
+    want = torch.load(full_run / "checkpoint-1" / "rng_state.pth", weights_only=False)
+    assert torch.equal(saved["torch"], want["torch"]) and saved["python"] == want["python"]
+
+    run_mappo(_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out,
+                      save_steps=100, resume_from_checkpoint=str(out / "checkpoint-1"),
+                      **rewarded))
+    full = json.loads((full_run / "trainer_state.json").read_text())["log_history"]
+    resumed = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert [h["step"] for h in resumed] == [1, 2, 3]
+    for step in (1, 2):
+        for key in ("reward", "loss", "policy_loss", "value_loss", "kl"):
+            assert resumed[step][key] == pytest.approx(full[step][key], rel=1e-4, abs=1e-5), \
+                (step + 1, key)
+    expected = load_file(full_run / "model.safetensors")
+    got = load_file(out / "model.safetensors")
+    assert expected.keys() == got.keys()
+    for name, tensor in expected.items():
+        assert torch.allclose(got[name], tensor, rtol=1e-4, atol=1e-6), name
+
+
+def test_a_retriever_down_before_the_first_step_saves_nothing(tiny_model_dir: Path,
+                                                              tiny_mappo_data_dir: Path,
+                                                              tiny_index_dir: Path,
+                                                              tmp_path: Path) -> None:
+    """Down after the start-up check and before step 1, with no retries: the message says that
+    no retry was made and that no checkpoint was written (it claimed both)."""
+    from transformers import TrainerCallback
+
+    from mmoa.train.mappo.trainer import TrainingStopped
+    from tests.retrieval_fixtures import running_server
+
+    out = tmp_path / "run"
+    with running_server(["--index", str(tiny_index_dir)],
+                        log_path=tmp_path / "server.log") as server:
+
+        class StopServerAtStart(TrainerCallback):
+            def on_train_begin(self, args: Any, state: Any, control: Any,
+                               **kwargs: Any) -> None:
+                server.stop()
+
+        config = _config(tiny_model_dir, tiny_mappo_data_dir, server.url, out,
+                         mappo_retriever_retries=0, mappo_retriever_timeout=5)
+        with pytest.raises(TrainingStopped) as info:
+            run_mappo(config, callbacks=[StopServerAtStart()])
+    message = str(info.value)
+    assert message.startswith("retrieval failed at step 1 after no retry "
+                              "(mappo_retriever_retries: 0): "), message
+    assert "no checkpoint was written" in message and "after all retries" not in message
+    assert not list(out.glob("checkpoint-*"))
+
+
+def test_retrieval_failure_message_says_what_happened(tmp_path: Path) -> None:
+    from mmoa.retrieval.client import RetrieverRequestError, RetrieverUnavailableError
+    from mmoa.train.mappo.trainer import retrieval_failure_message
+
+    down = RetrieverUnavailableError("retrieval server at http://x unavailable", attempts=3)
+    message = retrieval_failure_message(4, down, 2, tmp_path / "checkpoint-3", 3)
+    assert message.startswith("retrieval failed at step 4 after 2 retries: ")
+    assert f"(3) is saved in {tmp_path / 'checkpoint-3'}" in message
+    assert f"resume_from_checkpoint={tmp_path / 'checkpoint-3'}" in message
+
+    once = RetrieverUnavailableError("down", attempts=1)
+    message = retrieval_failure_message(1, once, 0, None, 0)
+    assert "no retry (mappo_retriever_retries: 0)" in message
+    assert "no checkpoint was written" in message and "saved" not in message
+
+    refused = RetrieverRequestError("http://x/retrieve", 500, "boom")
+    message = retrieval_failure_message(2, refused, 5, tmp_path / "checkpoint-1", 1)
+    assert "not retried" in message and "retries" not in message
+    assert "on another process" in retrieval_failure_message(2, None, 5, None, 0)
 
 
 @pytest.mark.slow

@@ -22,7 +22,14 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 class RetrieverUnavailableError(ConnectionError):
-    """The server could not be reached (or kept failing) after all retries."""
+    """The server could not be reached (or kept failing) after all retries.
+
+    ``attempts`` is how many requests were sent (the first try and its retries), so that a
+    caller can say exactly what happened; ``None`` where no request count applies."""
+
+    def __init__(self, message: str, attempts: int | None = None) -> None:
+        super().__init__(message)
+        self.attempts = attempts
 
 
 class RetrieverRequestError(RuntimeError):
@@ -60,6 +67,9 @@ class RetrievalClient:
         self.max_queries_per_request = max_queries_per_request
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._local = threading.local()
+        # Its own generator: the backoff jitter must not advance the global ``random`` state,
+        # which a training run saves and restores with its checkpoints.
+        self._jitter = random.Random()
 
     # ------------------------------------------------------------------------ public API
 
@@ -153,10 +163,11 @@ class RetrievalClient:
                 self.close()  # a broken keep-alive connection must not be reused
             if attempt + 1 < attempts:
                 delay = min(self.max_backoff, self.backoff * 2 ** attempt)
-                time.sleep(delay * (0.5 + random.random() / 2))
+                time.sleep(delay * (0.5 + self._jitter.random() / 2))
         raise RetrieverUnavailableError(
             f"retrieval server at {self.url} unavailable after {attempts} attempt(s) "
-            f"({last}); is it running (bash run_server.sh --index DIR) and is the URL right?"
+            f"({last}); is it running (bash run_server.sh --index DIR) and is the URL right?",
+            attempts=attempts,
         )
 
 

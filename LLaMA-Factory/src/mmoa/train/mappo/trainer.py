@@ -368,6 +368,9 @@ class MappoTrainer(Trainer):
         from mmoa.retrieval.client import RetrieverRequestError, RetrieverUnavailableError
 
         records = self.step_records(step)
+        # The rollout draws random numbers before retrieval can fail; a failure saves the last
+        # completed step as it was when this step began, so that a resume is exact.
+        rng_at_start = self._rng_state(learner)
         t0 = time.perf_counter()
         failure: Exception | None = None
         try:
@@ -380,15 +383,13 @@ class MappoTrainer(Trainer):
         # Decided together: a process that stopped alone would leave the others waiting in
         # the next collective (the update's gradient reduction, the checkpoint's barriers).
         if self._any_process(failure is not None):
+            self._set_rng_state(rng_at_start, learner)
+            checkpoint = None
             if self.state.global_step > 0:
-                self.save_mappo_checkpoint(learner)
-            cause = failure if failure is not None else "on another process"
-            raise TrainingStopped(
-                f"retrieval failed at step {step + 1} after all retries ({cause}); the last "
-                f"completed step ({self.state.global_step}) is saved in "
-                f"{self.args.output_dir}. Restart the server and resume with "
-                f"resume_from_checkpoint."
-            ) from failure
+                checkpoint = self.save_mappo_checkpoint(learner)
+            raise TrainingStopped(retrieval_failure_message(
+                step + 1, failure, self.mappo_args.mappo_retriever_retries, checkpoint,
+                self.state.global_step)) from failure
         t1 = time.perf_counter()
         samples, logs = self.make_samples(records, traces)
         if self._any_process(not any(s.response_ids for s in samples)):
@@ -620,14 +621,7 @@ class MappoTrainer(Trainer):
         if not rng_file.is_file():
             raise FileNotFoundError(f"{path}: no {rng_file.name} for process "
                                     f"{self.args.process_index}")
-        rng = torch.load(rng_file, weights_only=False)
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
-        if rng.get("learner_generator") is not None and learner.generator is not None:
-            learner.generator.set_state(rng["learner_generator"])
-        if rng.get("cuda") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        self._set_rng_state(torch.load(rng_file, weights_only=False), learner)
         state_json = path / "trainer_state.json"
         if state_json.is_file():
             from transformers import TrainerState
@@ -636,6 +630,17 @@ class MappoTrainer(Trainer):
             self.state.log_history = loaded.log_history
         self.state.global_step = saved["global_step"]
         return int(saved["global_step"])
+
+    @staticmethod
+    def _set_rng_state(rng: dict[str, Any], learner: PPOLearner) -> None:
+        """Puts back what :meth:`_rng_state` captured."""
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+        if rng.get("learner_generator") is not None and learner.generator is not None:
+            learner.generator.set_state(rng["learner_generator"])
+        if rng.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 def load_policy_weights(policy: torch.nn.Module, folder: Path) -> None:
@@ -659,3 +664,29 @@ def load_policy_weights(policy: torch.nn.Module, folder: Path) -> None:
     if unexpected or set(missing) - tied:
         raise ValueError(f"{weights}: missing {sorted(set(missing) - tied)[:5]}, unexpected "
                          f"{unexpected[:5]}")
+
+
+def retrieval_failure_message(step: int, failure: Exception | None, retries: int,
+                              checkpoint: Path | None, completed: int) -> str:
+    """What happened when retrieval failed at ``step``, exactly: the retries really made (none
+    for a request the server refused, which is never retried) and the checkpoint written, or
+    that none was (no step had completed)."""
+    from mmoa.retrieval.client import RetrieverUnavailableError
+
+    if failure is None:
+        what = "on another process (its own error says why)"
+    elif isinstance(failure, RetrieverUnavailableError):
+        attempts = failure.attempts if failure.attempts is not None else retries + 1
+        made = attempts - 1
+        tries = ("no retry (mappo_retriever_retries: 0)" if made == 0
+                 else f"{made} {'retry' if made == 1 else 'retries'}")
+        what = f"after {tries}: {failure}"
+    else:  # a 4xx/500 answer: retrying the same request cannot help
+        what = f"the server refused the request (not retried): {failure}"
+    if checkpoint is None:
+        saved = ("no step had completed, so no checkpoint was written; restart the server and "
+                 "start the run again")
+    else:
+        saved = (f"the last completed step ({completed}) is saved in {checkpoint}; restart the "
+                 f"server and resume with resume_from_checkpoint={checkpoint}")
+    return f"retrieval failed at step {step} {what}; {saved}"
