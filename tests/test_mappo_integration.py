@@ -57,7 +57,8 @@ def test_three_steps_write_checkpoints_logs_and_plots(full_run: Path) -> None:
     for step in (1, 2, 3):
         checkpoint = full_run / f"checkpoint-{step}"
         for name in ("model.safetensors", "value_head.safetensors", "optimizer.pt",
-                     "scheduler.pt", "mappo_state.json", "rng_state.pth", "trainer_state.json"):
+                     "scheduler.pt", "mappo_state.json", "rng_state.pth", "trainer_state.json",
+                     "mappo_manifest.json"):
             assert (checkpoint / name).is_file(), f"{checkpoint.name}/{name}"
     for name in ("model.safetensors", "value_head.safetensors", "tokenizer.json",
                  "trainer_state.json", "training_loss.png", "training_reward.png",
@@ -106,6 +107,70 @@ def test_resumed_run_matches_the_uninterrupted_one(full_run: Path, tiny_model_di
     for key in ("reward", "answer_f1", "loss", "policy_loss", "value_loss", "kl", "kl_coef",
                 "response_length/qr", "num_selected"):
         assert resumed[-1][key] == pytest.approx(full[-1][key], rel=1e-4, abs=1e-5), key
+
+
+def test_a_damaged_checkpoint_stops_or_falls_back(full_run: Path, tiny_model_dir: Path,
+                                                  tiny_mappo_data_dir: Path,
+                                                  tiny_server_url: str, tmp_path: Path,
+                                                  capfd, caplog) -> None:
+    """A 4 KB block flipped in checkpoint-2's weights: the resume stops before the model loads
+    with one line naming the file and the checkpoint (it resumed silently with other weights);
+    with mappo_resume_fallback it resumes from checkpoint-1, says so, and the log follows.
+    A staging folder of a killed save is removed at the start, with a line saying so."""
+    from mmoa.train.mappo.checkpoint_files import MANIFEST_FILE, verify_checkpoint
+
+    out = tmp_path / "run"
+    shutil.copytree(full_run, out, ignore=shutil.ignore_patterns("checkpoint-3"))
+    assert (out / "checkpoint-2" / MANIFEST_FILE).is_file()
+    weights = out / "checkpoint-2" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    middle = len(data) // 2
+    data[middle: middle + 4096] = bytes(b ^ 0x01 for b in data[middle: middle + 4096])
+    weights.write_bytes(bytes(data))
+    config = _config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out,
+                     resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert run_mappo_from_config(config) == 1
+    errors = [line for line in capfd.readouterr().err.splitlines() if "[mappo] error:" in line]
+    assert len(errors) == 1, errors
+    assert f"checkpoint {out / 'checkpoint-2'}: model.safetensors does not match" in errors[0]
+    assert "mappo_resume_fallback" in errors[0]
+
+    orphan = out / ".checkpoint-3.k2x9_q.tmp"
+    orphan.mkdir()
+    (orphan / "model.safetensors").write_bytes(b"half a file")
+    run_mappo({**config, "mappo_resume_fallback": True})
+    assert f"removed {orphan}" in caplog.text and not orphan.exists()
+    assert f"resuming from {out / 'checkpoint-1'} instead" in caplog.text
+    assert [entry["current_steps"] for entry in _log(out)] == [1, 2, 3]
+    resumed = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert [h["step"] for h in resumed] == [1, 2, 3]
+    assert verify_checkpoint(out / "checkpoint-2"), "rewritten whole, with a new manifest"
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "scheduler.pt",
+                                  "rng_state.pth"])
+def test_a_truncated_file_of_a_checkpoint_without_manifest(full_run: Path, tiny_model_dir: Path,
+                                                           tiny_mappo_data_dir: Path,
+                                                           tiny_server_url: str, tmp_path: Path,
+                                                           name: str, capfd, caplog) -> None:
+    """A checkpoint saved before manifests resumes with a warning; a file of it cut in half
+    stops the run with one line naming the file and the checkpoint (SafetensorError, EOFError
+    and unpickling tracebacks, some naming no file)."""
+    from mmoa.train.mappo.checkpoint_files import MANIFEST_FILE
+
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    shutil.copytree(full_run / "checkpoint-2", checkpoint)
+    (checkpoint / MANIFEST_FILE).unlink(missing_ok=True)  # (before manifests: none there)
+    damaged = checkpoint / name
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    config = _config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, tmp_path / "run",
+                     resume_from_checkpoint=str(checkpoint))
+    assert run_mappo_from_config(config) == 1
+    err = capfd.readouterr().err
+    assert f"has no {MANIFEST_FILE}" in caplog.text
+    errors = [line for line in err.splitlines() if "[mappo] error:" in line]
+    assert len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    assert f"checkpoint {checkpoint}: cannot read {name} (" in errors[0]
 
 
 def test_unreachable_retriever_fails_before_loading_the_model(tiny_mappo_data_dir: Path,

@@ -100,6 +100,14 @@ class MappoArguments:
         default=3, metadata={"help": "Consecutive non-finite losses before the run stops."}
     )
 
+    # checkpoints
+    mappo_resume_fallback: bool = field(
+        default=False,
+        metadata={"help": "When resume_from_checkpoint fails its manifest check (a damaged "
+                          "file), resume from the newest earlier checkpoint that verifies "
+                          "instead of stopping."},
+    )
+
     def __post_init__(self) -> None:
         agents = self.optimized_agents
         unknown = [a for a in agents if a not in AGENTS]

@@ -11,7 +11,8 @@ with the trl it installs):
               -> PPO update of the shared policy and value head on the pooled agent samples
 
 Checkpoints hold everything needed to continue bit-for-bit: weights (adapter or full), value
-head, optimiser, scheduler, KL controller, RNG states and the data position.
+head, optimiser, scheduler, KL controller, RNG states and the data position, and last a
+manifest of every file's sha256 (``checkpoint_files``), checked before a resume.
 
 Behaviour policy. Rollouts sample at ``mappo_temperature`` with ``mappo_top_p`` and, for the
 Selector, a grammar mask. Old, new and reference log-probs are all taken from
@@ -35,7 +36,7 @@ import shutil
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,7 @@ from mmoa.agents.render import PromptRenderer
 from mmoa.data.records import QARecord
 from mmoa.fileio import atomic_dir, atomic_write_json
 from mmoa.train.mappo.args import MappoArguments
+from mmoa.train.mappo.checkpoint_files import CHECKPOINT_PREFIX, CheckpointError, write_manifest
 from mmoa.train.mappo.learner import (
     PolicyWithValue,
     PPOConfig,
@@ -63,7 +65,6 @@ from mmoa.train.mappo.samples import Sample
 if TYPE_CHECKING:
     from mmoa.agents.pipeline import DocumentRetriever
 
-CHECKPOINT_PREFIX = "checkpoint"
 STATE_FILE = "mappo_state.json"
 RNG_FILE = "rng_state.pth"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -561,6 +562,7 @@ class MappoTrainer(Trainer):
                 else:
                     torch.save(self._rng_state(learner), tmp / RNG_FILE)
                 self.state.save_to_json(str(tmp / "trainer_state.json"))
+                write_manifest(tmp)  # last: it vouches for every file above
             self.callback_handler.on_save(self.args, self.state, self.control)
         if distributed:
             self.accelerator.wait_for_everyone()
@@ -584,49 +586,65 @@ class MappoTrainer(Trainer):
         }
 
     def load_mappo_checkpoint(self, folder: str | os.PathLike[str], learner: PPOLearner) -> int:
+        """Restores everything :meth:`save_mappo_checkpoint` wrote; returns the step.
+
+        The workflow has checked the files against the checkpoint's manifest already; a file
+        that still cannot be read (a checkpoint saved before manifests existed) is a
+        :class:`CheckpointError` naming it and the checkpoint, not a library traceback."""
         path = Path(folder)
         state_file = path / STATE_FILE
         if not state_file.is_file():
             raise FileNotFoundError(f"{path}: not a MAPPO checkpoint (no {STATE_FILE})")
-        saved = json.loads(state_file.read_text())
-        if saved["questions_per_step"] != self.questions_per_step or \
-                saved["world_size"] != self.args.world_size:
+        with _reading(path, STATE_FILE):
+            saved = json.loads(state_file.read_text(encoding="utf-8"))
+            questions, world = saved["questions_per_step"], saved["world_size"]
+        if questions != self.questions_per_step or world != self.args.world_size:
             raise ValueError(
-                f"{path}: saved with {saved['questions_per_step']} questions per step on "
-                f"{saved['world_size']} processes; this run uses {self.questions_per_step} on "
-                f"{self.args.world_size}, so the data order would not continue")
+                f"{path}: saved with {questions} questions per step on {world} processes; this "
+                f"run uses {self.questions_per_step} on {self.args.world_size}, so the data "
+                "order would not continue")
         if self.is_deepspeed_enabled:
             if not (path / DEEPSPEED_DIR).is_dir():
                 raise FileNotFoundError(f"{path}: saved without DeepSpeed (no {DEEPSPEED_DIR}/); "
                                         "resume it without `deepspeed`")
             # weights (policy + value head) and this process's optimiser partition
-            self.model_wrapped.load_checkpoint(str(path / DEEPSPEED_DIR), tag=DEEPSPEED_TAG,
-                                               load_optimizer_states=True,
-                                               load_lr_scheduler_states=False)
+            with _reading(path, f"{DEEPSPEED_DIR}/"):
+                self.model_wrapped.load_checkpoint(str(path / DEEPSPEED_DIR), tag=DEEPSPEED_TAG,
+                                                   load_optimizer_states=True,
+                                                   load_lr_scheduler_states=False)
         else:
             if not (path / OPTIMIZER_FILE).is_file():
                 raise FileNotFoundError(f"{path}: no {OPTIMIZER_FILE} (a DeepSpeed checkpoint "
                                         "resumes only under `deepspeed`)")
             unwrapped: PolicyWithValue = self.accelerator.unwrap_model(self.model)
-            load_policy_weights(unwrapped.policy, path)
-            unwrapped.v_head.load(path)
-            self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE,
-                                                      weights_only=False))
+            weights = "adapter_model.safetensors" \
+                if (path / "adapter_model.safetensors").is_file() else "model.safetensors"
+            with _reading(path, weights):
+                load_policy_weights(unwrapped.policy, path)
+            with _reading(path, "value_head.safetensors"):
+                unwrapped.v_head.load(path)
+            with _reading(path, OPTIMIZER_FILE):
+                self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE,
+                                                          weights_only=False))
         if self.lr_scheduler is not None and (path / SCHEDULER_FILE).is_file():
-            self.lr_scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE,
-                                                         weights_only=False))
-        learner.kl_ctl.load_state_dict(saved["kl_controller"])
-        self._nonfinite_in_a_row = saved["nonfinite_in_a_row"]
+            with _reading(path, SCHEDULER_FILE):
+                self.lr_scheduler.load_state_dict(torch.load(path / SCHEDULER_FILE,
+                                                             weights_only=False))
+        with _reading(path, STATE_FILE):
+            learner.kl_ctl.load_state_dict(saved["kl_controller"])
+            self._nonfinite_in_a_row = saved["nonfinite_in_a_row"]
         rng_file = path / self._rng_file()
         if not rng_file.is_file():
             raise FileNotFoundError(f"{path}: no {rng_file.name} for process "
                                     f"{self.args.process_index}")
-        self._set_rng_state(torch.load(rng_file, weights_only=False), learner)
+        with _reading(path, rng_file.name):
+            self._set_rng_state(torch.load(rng_file, weights_only=False), learner)
         state_json = path / "trainer_state.json"
         if state_json.is_file():
             from transformers import TrainerState
 
-            loaded = TrainerState.load_from_json(str(state_json))
+            with _reading(path, state_json.name):
+                loaded = TrainerState.load_from_json(str(state_json))
             self.state.log_history = loaded.log_history
         self.state.global_step = saved["global_step"]
         return int(saved["global_step"])
@@ -641,6 +659,20 @@ class MappoTrainer(Trainer):
             learner.generator.set_state(rng["learner_generator"])
         if rng.get("cuda") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+@contextlib.contextmanager
+def _reading(checkpoint: Path, name: str) -> Iterator[None]:
+    """Turns a failure to read or apply ``name`` (SafetensorError, EOFError, an unpickling
+    error, ...) into a one-line :class:`CheckpointError` naming the file and the checkpoint."""
+    try:
+        yield
+    except (CheckpointError, FileNotFoundError):
+        raise
+    except Exception as err:  # whatever the library raises on a damaged file
+        lines = str(err).strip().splitlines()
+        detail = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+        raise CheckpointError(f"checkpoint {checkpoint}: cannot read {name} ({detail})") from err
 
 
 def load_policy_weights(policy: torch.nn.Module, folder: Path) -> None:

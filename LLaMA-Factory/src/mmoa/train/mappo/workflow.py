@@ -119,12 +119,7 @@ def run_mappo(config: dict[str, Any], callbacks: list[Any] | None = None) -> Non
     import torch
     from llamafactory.extras.ploting import plot_loss
 
-    history = logged_steps_until(config.get("output_dir"), config.get("resume_from_checkpoint"))
     trainer, training_args, finetuning_args = build_mappo_trainer(config, callbacks)
-    if history is not None and trainer.is_world_process_zero():
-        # LLaMA-Factory's LogCallback deletes the log of a folder it may overwrite; a resumed
-        # run keeps the steps up to its checkpoint (later lines were of the abandoned part).
-        atomic_write_text(Path(training_args.output_dir) / TRAINER_LOG_FILE, history)
     torch.manual_seed(training_args.seed)
     trainer.mappo_train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     output = Path(training_args.output_dir)
@@ -183,6 +178,8 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
     records = load_mappo_records(",".join(data_args.dataset), data_args.dataset_dir,
                                  data_args.max_samples)
     retriever = check_retriever(mappo_args)
+    prepare_resume(training_args, mappo_args)
+    history = logged_steps_until(training_args.output_dir, training_args.resume_from_checkpoint)
 
     tokenizer = load_tokenizer(model_args)["tokenizer"]
     tokenizer.padding_side = "left"
@@ -208,4 +205,35 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
         whiten_rewards=finetuning_args.ppo_whiten_rewards,
         callbacks=[LogCallback(), *(callbacks or [])],
     )
+    if history is not None and trainer.is_world_process_zero():
+        # LLaMA-Factory's LogCallback deletes the log of a folder it may overwrite; a resumed
+        # run keeps the steps up to its checkpoint (later lines were of the abandoned part).
+        atomic_write_text(Path(training_args.output_dir) / TRAINER_LOG_FILE, history)
     return trainer, training_args, finetuning_args
+
+
+def prepare_resume(training_args: Any, mappo_args: MappoArguments) -> None:
+    """Before the model loads: remove what killed saves left in ``output_dir``, check the
+    checkpoint to resume from against its manifest (or fall back to an earlier one with
+    ``mappo_resume_fallback``) and point ``resume_from_checkpoint`` at the one chosen.
+
+    The main process goes first (it cleans up); the others then check the same files, so that
+    every process resumes from the same checkpoint or stops with the same error."""
+    from mmoa.train.mappo.checkpoint_files import choose_resume_checkpoint, clean_orphans
+
+    main = training_args.process_index == 0
+    with training_args.main_process_first(local=False, desc="checking checkpoints"):
+        if main:
+            for line in clean_orphans(Path(training_args.output_dir)):
+                mappo_logger().warning(f"[mappo] {line}")
+        if not training_args.resume_from_checkpoint:
+            return
+        choice = choose_resume_checkpoint(training_args.resume_from_checkpoint,
+                                          fallback=mappo_args.mappo_resume_fallback)
+    if main:
+        for line in choice.warnings:
+            mappo_logger().warning(f"[mappo] {line}")
+        if choice.verified:
+            mappo_logger().info(f"[mappo] checkpoint {choice.folder} verified against its "
+                                "manifest")
+    training_args.resume_from_checkpoint = str(choice.folder)
