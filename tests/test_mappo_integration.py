@@ -421,3 +421,36 @@ def test_a_second_signal_stops_at_once() -> None:
                             text=True, timeout=120, check=False)
     assert result.stdout.splitlines() == [f"first {int(signal.SIGTERM)}"], result.stderr
     assert result.returncode == -signal.SIGTERM
+
+
+def test_non_finite_losses_stop_with_the_step_saved_under_its_number(
+        tiny_model_dir: Path, tiny_mappo_data_dir: Path, tiny_server_url: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every loss NaN, stop after 2 such steps: the second step ran (rollout, scheduler, KL
+    controller, RNG) with its update skipped, so its state is checkpoint-2 and the message
+    names it (it was saved as checkpoint-1, holding step 2's state, and the message named
+    none); the weights are still the warm start's."""
+    from safetensors.torch import load_file
+
+    from mmoa.train.mappo.learner import PPOLearner
+    from mmoa.train.mappo.trainer import TrainingStopped
+
+    original = PPOLearner._loss
+
+    def nan_loss(self: PPOLearner, *args: Any, **kwargs: Any) -> Any:
+        loss, stats = original(self, *args, **kwargs)
+        return loss * float("nan"), stats
+
+    monkeypatch.setattr(PPOLearner, "_loss", nan_loss)
+    out = tmp_path / "run"
+    with pytest.raises(TrainingStopped) as stopped:
+        run_mappo(_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out,
+                          save_steps=100, mappo_max_nonfinite_steps=2))
+    checkpoint = out / "checkpoint-2"
+    assert f"resume_from_checkpoint={checkpoint}" in str(stopped.value)
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    state = json.loads((checkpoint / "mappo_state.json").read_text())
+    assert state["global_step"] == 2 and state["nonfinite_in_a_row"] == 2
+    start, saved = load_file(tiny_model_dir / "model.safetensors"), \
+        load_file(checkpoint / "model.safetensors")
+    assert all(saved[k].equal(start[k]) for k in start), "every update was skipped"

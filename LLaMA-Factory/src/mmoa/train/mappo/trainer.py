@@ -417,10 +417,16 @@ class MappoTrainer(Trainer):
             mappo_logger().warning(f"[mappo] step {step + 1}: non-finite loss, update skipped "
                                    f"({self._nonfinite_in_a_row} in a row)")
             if self._nonfinite_in_a_row >= self.mappo_args.mappo_max_nonfinite_steps:
-                self.save_mappo_checkpoint(learner)
+                # This step ran (its rollout, scheduler and KL controller moved on; only the
+                # update was skipped): saved as completed, so that the checkpoint's state is
+                # the state of the step it is named after and a resume continues with the next.
+                self.state.global_step = step + 1
+                checkpoint = self.save_mappo_checkpoint(learner)
                 raise TrainingStopped(
                     f"{self._nonfinite_in_a_row} steps in a row had non-finite losses; "
-                    "stopping (lower the learning rate or check the data)")
+                    f"stopping after step {step + 1}, saved in {checkpoint} (lower the learning "
+                    f"rate or check the data, then resume with "
+                    f"resume_from_checkpoint={checkpoint})")
         else:
             self._nonfinite_in_a_row = 0
         generate = timings.get("qr", 0.0) + timings.get("selector", 0.0) \
