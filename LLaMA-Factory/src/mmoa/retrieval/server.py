@@ -13,6 +13,9 @@ Start-up order matters for big indexes:
    minutes is not mistaken for a hung worker;
 3. the micro-batcher thread starts lazily on the first request, inside the worker.
 
+The worker is gunicorn's gthread with a deadline on reading each request
+(``mmoa.retrieval.worker``), so that slow or stalled clients cannot hold every request thread.
+
 Every option can also be given as an environment variable ``MMOA_RETRIEVER_<OPTION>``
 (upper case, dashes as underscores, e.g. ``MMOA_RETRIEVER_PORT=8001``); arguments win.
 """
@@ -64,6 +67,9 @@ class ServerConfig:
     error_log: str = "-"
     log_level: str = "info"
     worker_timeout: int = 120
+    #: Seconds a request may take to arrive in full (mmoa.retrieval.worker); slow clients
+    #: past it get a 408 and lose the connection instead of holding a request thread.
+    read_timeout: float = 10.0
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     app: AppConfig = field(default_factory=AppConfig)
     faiss: FaissOptions = field(default_factory=FaissOptions)
@@ -104,6 +110,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
                      choices=("debug", "info", "warning", "error", "critical"))
     net.add_argument("--worker-timeout", type=int, default=120,
                      help="seconds before gunicorn restarts a hung worker (0 = never)")
+    net.add_argument("--read-timeout", type=float, default=10.0,
+                     help="seconds a request (line, headers, body) may take to arrive in full "
+                          "after its first byte; a slower client gets a 408 and is "
+                          "disconnected, so stalled clients cannot hold every thread "
+                          "(default 10)")
 
     batch = parser.add_argument_group("micro-batching")
     batch.add_argument("--micro-batching", action=argparse.BooleanOptionalAction, default=True,
@@ -183,6 +194,8 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     for name in positive:
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    if not args.read_timeout > 0:  # also refuses nan
+        parser.error(f"--read-timeout {args.read_timeout} must be a positive number of seconds")
     if args.port > 65535:
         parser.error(f"--port {args.port} is not a TCP port (1..65535)")
     if not 1 <= args.default_n <= args.max_k or not 1 <= args.default_topk <= args.max_k:
@@ -204,6 +217,7 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         index=args.index, host=args.host, port=args.port, threads=args.threads, token=token,
         access_log=None if args.access_log.lower() in {"off", "none", ""} else args.access_log,
         error_log=args.error_log, log_level=args.log_level, worker_timeout=args.worker_timeout,
+        read_timeout=args.read_timeout,
         batcher=BatcherConfig(args.micro_batching, args.batch_max_queries, args.batch_wait_ms),
         app=AppConfig(limits, token, args.default_n, args.default_topk),
         faiss=FaissOptions(args.faiss_gpu, args.faiss_fp16, args.faiss_shard, args.nprobe,
@@ -243,6 +257,8 @@ def _gunicorn_application(config: ServerConfig) -> Any:
     from gunicorn.app.base import BaseApplication
     from gunicorn.errors import AppImportError
 
+    from mmoa.retrieval.worker import make_worker_class
+
     def post_fork(server: Any, worker: Any) -> None:
         # Beat for the worker while it loads (possibly for minutes); stops once it serves.
         loaded = threading.Event()
@@ -261,7 +277,8 @@ def _gunicorn_application(config: ServerConfig) -> Any:
         def load_config(self) -> None:
             settings = {
                 "bind": f"{_bind_host(config.host)}:{config.port}",
-                "workers": 1, "worker_class": "gthread", "threads": config.threads,
+                "workers": 1, "threads": config.threads,
+                "worker_class": make_worker_class(config.read_timeout),
                 "timeout": config.worker_timeout, "graceful_timeout": 30, "keepalive": 5,
                 "accesslog": config.access_log, "access_log_format": ACCESS_LOG_FORMAT,
                 "errorlog": config.error_log, "loglevel": config.log_level,
