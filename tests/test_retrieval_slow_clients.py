@@ -1,4 +1,4 @@
-"""Clients the retrieval server must survive: stalled, trickling, idle.
+"""Clients the retrieval server must survive: stalled, trickling, idle, TLS, malformed HTTP.
 
 One real server (gunicorn subprocess on a loopback port) with 4 request threads and a read
 timeout of 1.5 s, so that a handful of stalled clients is enough to hold every thread and the
@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,6 +132,60 @@ def test_idle_connections_do_not_hold_threads(server: ServerProcess) -> None:
     finally:
         for sock in idle:
             sock.close()
+
+
+def client_hello() -> bytes:
+    """The first flight of a real TLS client (a ClientHello record)."""
+    context = ssl.create_default_context()
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def test_tls_on_the_plain_port_is_answered(server: ServerProcess) -> None:
+    """An https:// URL pointed at this plain-HTTP port: a JSON 400 saying so, at once (the
+    ClientHello was held unanswered)."""
+    hello = client_hello()
+    assert hello[:2] == b"\x16\x03"
+    with connect(server) as sock:
+        sock.sendall(hello)
+        status, _, payload = parse_response(read_until_closed(sock))
+    assert status == 400
+    assert "plain HTTP" in payload["message"] and "http://" in payload["message"]
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(f"https://127.0.0.1:{server.port}/health", timeout=GUARD_S, verify=False)
+    assert normal_search(server)
+
+
+MALFORMED = [
+    pytest.param(b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414,
+                 "request line too long", id="request-line-too-long"),
+    pytest.param(b"GET /health HTTP/1.1\r\nHost: x\r\n"
+                 + b"".join(b"X-H%d: v\r\n" % i for i in range(120)) + b"\r\n", 431,
+                 "at most 100 fields", id="too-many-headers"),
+    pytest.param(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * 9000 + b"\r\n\r\n", 431,
+                 "request headers too many or too large", id="header-too-large"),
+    pytest.param(b"GARBAGE\r\n\r\n", 400, "malformed HTTP request", id="malformed-request-line"),
+    pytest.param(b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n", 400, "malformed HTTP request",
+                 id="bad-http-version"),
+    pytest.param(b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header: v\r\n\r\n", 400,
+                 "malformed HTTP request", id="bad-header-name"),
+]
+
+
+@pytest.mark.parametrize(("raw", "status", "message"), MALFORMED)
+def test_malformed_http_gets_a_json_error(server: ServerProcess, raw: bytes, status: int,
+                                          message: str) -> None:
+    """gunicorn's own parser errors, which it answers in HTML, come back as the app's JSON."""
+    with connect(server) as sock:
+        sock.sendall(raw)
+        got_status, headers, payload = parse_response(read_until_closed(sock))
+    assert got_status == status
+    assert headers["content-type"] == "application/json"
+    assert payload["status"] == status and message in payload["message"], payload
+    assert set(payload) == {"error", "message", "status"}
 
 
 def test_read_timeout_option(monkeypatch: pytest.MonkeyPatch,

@@ -13,8 +13,9 @@ Start-up order matters for big indexes:
    minutes is not mistaken for a hung worker;
 3. the micro-batcher thread starts lazily on the first request, inside the worker.
 
-The worker is gunicorn's gthread with a deadline on reading each request
-(``mmoa.retrieval.worker``), so that slow or stalled clients cannot hold every request thread.
+The worker is gunicorn's gthread with a deadline on reading each request and JSON answers to
+malformed HTTP (``mmoa.retrieval.worker``), so that slow or stalled clients cannot hold every
+request thread.
 
 Every option can also be given as an environment variable ``MMOA_RETRIEVER_<OPTION>``
 (upper case, dashes as underscores, e.g. ``MMOA_RETRIEVER_PORT=8001``); arguments win.

@@ -1,4 +1,4 @@
-"""The gunicorn worker of the retrieval server: gthread with bounded reads.
+"""The gunicorn worker of the retrieval server: gthread with bounded reads and JSON errors.
 
 Why a subclass of gunicorn's own gthread worker (gunicorn 27 as pinned), and not another worker
 class or a proxy in front: gthread gives a new connection to a request thread that waits up
@@ -16,6 +16,11 @@ worker here keeps gthread and gives every connection's socket a deadline instead
   gets a JSON 408 (from the app when the body stalls, from here when the headers stall) and
   the connection is closed, freeing the thread;
 * a response write that the client does not take within ``read_timeout`` is abandoned;
+* a TLS handshake sent to this plain-HTTP port is answered at once with a JSON 400 that says
+  to use ``http://`` (it was held unanswered);
+* the parser's own errors (request line too long 414, headers too many or too large 431,
+  malformed request 400) are JSON ``{"error", "message", "status"}`` like the app's errors
+  (gunicorn writes HTML);
 * a connection that has sent nothing yet waits in the event loop, not in a request thread;
 * a connection that ends is closed (with the short lingering close of RFC 9112) by its
   request thread; gunicorn does it on its single event-loop thread, where a client that never
@@ -29,18 +34,34 @@ from __future__ import annotations
 import json
 import selectors
 import socket
+import ssl
 import time
+from datetime import datetime
 from functools import partial
 from typing import Any
 
 from gunicorn import util
 from gunicorn.http.errors import (
+    ConfigurationProblem,
+    ExpectationFailed,
+    ForbiddenProxyRequest,
+    InvalidHeader,
+    InvalidHeaderName,
+    InvalidResponseHeader,
+    InvalidResponseHeaderName,
+    LimitRequestHeaders,
+    LimitRequestLine,
     NoMoreData,
+    ParseException,
+    UnsupportedTransferCoding,
 )
+from gunicorn.http.wsgi import Response, default_environ
 from gunicorn.workers.gthread import ThreadWorker
 
 #: Longest a closing connection lingers for the client's FIN (gunicorn's own figure is 2 s).
 CLOSE_LINGER_S = 2.0
+#: First bytes of a TLS record carrying a handshake (content type 22, version 3.x).
+_TLS_HANDSHAKE = b"\x16\x03"
 
 
 class SlowClientError(NoMoreData, TimeoutError):
@@ -58,6 +79,14 @@ class SlowClientError(NoMoreData, TimeoutError):
         return str(self.args[0])
 
 
+class TlsOnPlainPortError(ParseException):
+    """A TLS ClientHello arrived on the plain-HTTP port."""
+
+    def __str__(self) -> str:
+        return ("this server speaks plain HTTP and the client sent a TLS handshake; use an "
+                "http:// URL, not https://")
+
+
 class DeadlineSocket(socket.socket):
     """A client socket whose reads of one request share one deadline.
 
@@ -67,7 +96,7 @@ class DeadlineSocket(socket.socket):
     ``read_timeout`` since the request's first read.
     """
 
-    __slots__ = ("_deadline", "_serving", "read_timeout", "sent", "timed_out")
+    __slots__ = ("_deadline", "_first_read", "_serving", "read_timeout", "sent", "timed_out")
 
     def __init__(self, sock: socket.socket, read_timeout: float) -> None:
         super().__init__(sock.family, sock.type, sock.proto, fileno=sock.detach())
@@ -76,6 +105,7 @@ class DeadlineSocket(socket.socket):
         self.sent = False
         self._serving = False
         self._deadline: float | None = None
+        self._first_read = True
 
     def start_request(self) -> None:
         """Arm the deadline for the request a thread is about to read (starts at its first read)."""
@@ -118,6 +148,10 @@ class DeadlineSocket(socket.socket):
             if not self._serving:
                 raise
             raise self._timeout() from None
+        if self._first_read and self._serving and data:
+            self._first_read = False
+            if data.startswith(_TLS_HANDSHAKE):
+                raise TlsOnPlainPortError()
         return data
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
@@ -160,8 +194,38 @@ def json_error_bytes(status: int, reason: str, message: str, kind: str) -> bytes
     return head.encode("latin-1") + body
 
 
+def describe_error(exc: BaseException, cfg: Any) -> tuple[int, str, str] | None:
+    """``(status, reason, message)`` for an error in the client's request, None for our own.
+
+    The statuses are gunicorn's (``Worker.handle_error``); the messages add the limit to stay
+    under where there is one.
+    """
+    if isinstance(exc, InvalidResponseHeader | InvalidResponseHeaderName):
+        return None  # a header the application tried to send: the server's fault
+    if isinstance(exc, TlsOnPlainPortError):
+        return 400, "Bad Request", str(exc)
+    if isinstance(exc, LimitRequestLine):
+        return 414, "URI Too Long", (f"request line too long ({exc}); at most "
+                                     f"{cfg.limit_request_line} bytes")
+    if isinstance(exc, LimitRequestHeaders):
+        return 431, "Request Header Fields Too Large", (
+            f"request headers too many or too large ({exc}); at most "
+            f"{cfg.limit_request_fields} fields of {cfg.limit_request_field_size} bytes each")
+    if isinstance(exc, UnsupportedTransferCoding):
+        return 501, "Not Implemented", f"unsupported transfer coding: {exc}"
+    if isinstance(exc, ExpectationFailed):
+        return 417, "Expectation Failed", str(exc)
+    if isinstance(exc, ForbiddenProxyRequest):
+        return 403, "Forbidden", "request forbidden"
+    if isinstance(exc, ConfigurationProblem):
+        return 500, "Internal Server Error", str(exc)
+    if isinstance(exc, ParseException | ssl.SSLError):
+        return 400, "Bad Request", f"malformed HTTP request: {exc}"
+    return None
+
+
 class RetrievalWorker(ThreadWorker):
-    """gthread with a per-request read deadline (see the module)."""
+    """gthread with a per-request read deadline and JSON error responses (see the module)."""
 
     #: Seconds a request may take to arrive; set per server by :func:`make_worker_class`.
     read_timeout: float = 10.0
@@ -214,6 +278,30 @@ class RetrievalWorker(ThreadWorker):
             linger = 0.0 if sock.timed_out else min(CLOSE_LINGER_S, self.read_timeout)
             util.close_graceful(sock, timeout=linger)
         return False
+
+    def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
+        started = datetime.now()
+        addr = addr or ("", -1)
+        described = describe_error(exc, self.cfg)
+        if described is None:
+            where = f" {req.method} {req.uri}" if hasattr(req, "method") else ""
+            self.log.exception("Error handling request%s", where)
+            status, reason, message = 500, "Internal Server Error", "internal server error"
+        else:
+            status, reason, message = described
+            self.log.warning("Invalid request from ip=%s: %s", addr[0], exc)
+        kind = reason.lower().replace(" ", "_")
+        payload = json_error_bytes(status, reason, message, kind)
+        self._send_quietly(client, payload)
+        if req is None and isinstance(exc, InvalidHeader | InvalidHeaderName):
+            req = getattr(exc, "req", None)  # the request whose header was bad, when known
+        if req is not None:  # an access-log line, as gunicorn writes for its own errors
+            environ = default_environ(req, client, self.cfg)
+            environ["REMOTE_ADDR"], environ["REMOTE_PORT"] = addr[0], str(addr[1])
+            resp = Response(req, client, self.cfg)
+            resp.status = f"{status} {reason}"
+            resp.response_length = len(payload)
+            self.log.access(resp, req, environ, datetime.now() - started)
 
     def _send_quietly(self, sock: Any, payload: bytes) -> None:
         try:
