@@ -4,9 +4,9 @@ Why a subclass of gunicorn's own gthread worker (gunicorn 27 as pinned), and not
 class or a proxy in front: gthread gives a new connection to a request thread that waits up
 to 5 s for its first bytes, and once a byte has arrived the thread reads the rest of the
 request from a blocking socket with no timeout. 32 clients (the --threads default) that
-announce a Content-Length and never finish the body, or a TLS ClientHello sent to the plain
-port, held every thread until the client gave up: measured, a normal client got no answer
-within 20 s and the stalled ones were still held after 120 s. The asynchronous workers
+announce a Content-Length and never finish the body held every thread until they gave up:
+measured, a normal client got no answer within 20 s and the stalled ones were still held
+after 120 s. The asynchronous workers
 (gevent, eventlet) would add a dependency and monkey-patch the threads that torch, Faiss and
 the micro-batcher rely on; a front proxy (nginx) is one more service to install and run. The
 worker here keeps gthread and gives every connection's socket a deadline instead:
@@ -17,7 +17,8 @@ worker here keeps gthread and gives every connection's socket a deadline instead
   the connection is closed, freeing the thread;
 * a response write that the client does not take within ``read_timeout`` is abandoned;
 * a TLS handshake sent to this plain-HTTP port is answered at once with a JSON 400 that says
-  to use ``http://`` (it was held unanswered);
+  to use ``http://`` (gunicorn answered it only by chance: an HTML 400 when one of its bytes
+  was a line feed, else nothing, its request line never ending);
 * the parser's own errors (request line too long 414, headers too many or too large 431,
   malformed request 400) are JSON ``{"error", "message", "status"}`` like the app's errors
   (gunicorn writes HTML);
