@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from mmoa.fileio import sha256_file
 from mmoa.retrieval.builder import BuildConfig, build_index
 from mmoa.retrieval.builder import main as build_main
 from mmoa.retrieval.encoder import (
@@ -26,7 +27,6 @@ from mmoa.retrieval.index import (
     IndexMissingError,
     Retriever,
     read_index_header,
-    sha256_file,
     validate_index_dir,
 )
 from tests.retrieval_fixtures import (  # encoder_threads: autouse, module-wide

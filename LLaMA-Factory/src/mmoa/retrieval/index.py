@@ -17,7 +17,6 @@ time, unless the caller skips it for an index too big to read through at every s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from mmoa.fileio import sha256_file
 from mmoa.retrieval.corpus import CorpusStore, Passage
 from mmoa.retrieval.encoder import DEFAULT_ENCODER, Encoder, EncoderConfig, describe_encoder
 
@@ -131,17 +131,6 @@ def _read_file_checksums(path: Path, files: Any) -> dict[str, str]:
 # ------------------------------------------------------------------------------ checksums
 
 
-def sha256_file(path: Path, bar: Any = None) -> str:
-    """Hex sha256 of a file, read in 8 MiB blocks (``bar``: a tqdm counting bytes)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(8 << 20):
-            digest.update(block)
-            if bar is not None:
-                bar.update(len(block))
-    return digest.hexdigest()
-
-
 def index_file_checksums(index_dir: Path) -> dict[str, str]:
     """sha256 of every file in ``index_dir`` except meta.json (which will record them)."""
     index_dir = Path(index_dir)
@@ -173,7 +162,7 @@ def verify_index_files(index_dir: Path, meta: IndexMeta, progress: bool = False)
               disable=not progress or total < 1 << 30) as bar:
         for name, path in paths.items():
             try:
-                actual = sha256_file(path, bar)
+                actual = sha256_file(path, on_read=bar.update)
             except OSError as err:
                 raise IndexMissingError(f"{path}: cannot be read ({err.strerror or err})"
                                         ) from err
