@@ -9,7 +9,8 @@
 # MMOA_RETRIEVER_<OPTION> (arguments win). Binds 127.0.0.1 unless --host / MMOA_RETRIEVER_HOST
 # says otherwise. The access log goes to stdout (--access-log FILE to write a file).
 # Python: $MMOA_PYTHON, else the repository's .venv, else the active virtualenv, else python3.
-# Exit codes: 2 bad arguments, 3 index missing or unreadable, 4 index/corpus/encoder mismatch.
+# Exit codes: 2 bad arguments, 3 index missing or unreadable, 4 index/corpus/encoder mismatch
+# or an index file whose sha256 differs from the one recorded at build time (--skip-checksums).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PYTHON="${MMOA_PYTHON:-}"

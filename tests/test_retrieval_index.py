@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from mmoa.fileio import sha256_file
 from mmoa.retrieval.builder import BuildConfig, build_index
 from mmoa.retrieval.builder import main as build_main
 from mmoa.retrieval.encoder import (
@@ -114,6 +115,9 @@ def test_built_index_folder_and_metadata(index_dir: Path, reference: Retriever) 
     assert meta.encoder["name"] == DEFAULT_ENCODER and meta.encoder["pooling"] == "mean"
     assert meta.encoder["normalize"] is True and len(meta.corpus_checksum) == 64
     assert read_index_header(index_dir / "index.faiss")[1:] == (384, 400, 0)
+    # the sha256 of every other file of the folder, as it lies on disk
+    assert meta.files == {name: sha256_file(index_dir / name) for name in
+                          ("corpus/manifest.json", "corpus/passages.arrow", "index.faiss")}
 
 
 def test_flat_search_is_exact_inner_product(reference: Retriever) -> None:
@@ -287,9 +291,64 @@ def test_verify_corpus_rehashes_rows(index_dir: Path, tmp_path: Path) -> None:
     meta = json.loads((copy / "meta.json").read_text())
     meta["corpus_checksum"] = "a" * 64
     (copy / "meta.json").write_text(json.dumps(meta))
-    validate_index_dir(copy)  # the fast check cannot see it
+    validate_index_dir(copy, verify_checksums=False)  # the fast check cannot see it
     with pytest.raises(IndexMismatchError, match="the store was modified"):
-        validate_index_dir(copy, verify_corpus=True)
+        validate_index_dir(copy, verify_corpus=True, verify_checksums=False)
+    with pytest.raises(IndexMismatchError, match=r"manifest\.json: sha256"):
+        validate_index_dir(copy)  # nor can a file changed after the build escape its sha256
+
+
+def flip_bytes(path: Path, count: int = 64) -> None:
+    """Invert ``count`` bytes in the middle of a file (inside the vectors of index.faiss)."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + count] = bytes(b ^ 0xFF for b in data[middle:middle + count])
+    path.write_bytes(bytes(data))
+
+
+def test_damaged_index_file_is_refused(index_dir: Path, tmp_path: Path,
+                                       reference: Retriever) -> None:
+    """64 flipped bytes inside index.faiss keep its header and still load; only the sha256
+    recorded at build time tells, and the refusal is one line naming the file."""
+    copy = tmp_path / "index"
+    shutil.copytree(index_dir, copy)
+    flip_bytes(copy / "index.faiss")
+    with pytest.raises(IndexMismatchError) as info:
+        validate_index_dir(copy)
+    message = str(info.value)
+    assert message.startswith(f"{copy / 'index.faiss'}: sha256 ") and "\n" not in message
+    assert "recorded in meta.json at build time" in message and "--skip-checksums" in message
+    # unverified, it serves: the vectors of the middle of the corpus changed
+    damaged = Retriever.load(copy, device="cpu", verify_checksums=False)
+    rows = np.arange(150, 250)
+    assert not np.array_equal(damaged.index.reconstruct_batch(rows),
+                              reference.index.reconstruct_batch(rows))
+
+
+def test_checksum_problems_of_the_metadata_and_missing_files(index_dir: Path,
+                                                             tmp_path: Path) -> None:
+    meta = json.loads((index_dir / "meta.json").read_text())
+    gone = tampered(index_dir, tmp_path / "gone", files={**meta["files"], "extra.bin": "0" * 64})
+    with pytest.raises(IndexMissingError, match=r"extra\.bin: No such file"):
+        validate_index_dir(gone)
+    for files, message in (([], "must map file names to sha256 digests"),
+                           ({"../meta.json": "0" * 64}, "not a file inside the index folder"),
+                           ({"index.faiss": "xyz"}, "is not a sha256 hex digest")):
+        with pytest.raises(IndexMissingError, match=message):
+            validate_index_dir(tampered(index_dir, tmp_path / message[:8], files=files))
+
+
+def test_index_without_checksums_loads_with_a_warning(index_dir: Path, tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """An index built before checksums were recorded is served, with a warning."""
+    copy = tampered(index_dir, tmp_path)
+    meta = json.loads((copy / "meta.json").read_text())
+    del meta["files"]
+    (copy / "meta.json").write_text(json.dumps(meta))
+    assert validate_index_dir(copy)[0].files == {}
+    with caplog.at_level("WARNING", logger="mmoa.retrieval.index"):
+        Retriever.load(copy, device="cpu")
+    assert "records no sha256 of the index files" in caplog.text
 
 
 def test_faiss_gpu_on_without_gpu_is_a_clear_error(index_dir: Path) -> None:

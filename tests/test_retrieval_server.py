@@ -358,6 +358,61 @@ def test_mismatched_index_exits_with_code_4(index_dir: Path, tmp_path: Path) -> 
     assert "encoder fingerprint" in result.stderr and "corpus checksum" in result.stderr
 
 
+def test_damaged_index_is_refused_unless_checksums_are_skipped(index_dir: Path,
+                                                                tmp_path: Path) -> None:
+    """64 flipped bytes inside index.faiss: exit 4 with one line naming the file (the server
+    started and served changed top-1 passages); MMOA_RETRIEVER_SKIP_CHECKSUMS=1 serves it."""
+    import shutil
+
+    copy = tmp_path / "index"
+    shutil.copytree(index_dir, copy)
+    data = bytearray((copy / "index.faiss").read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+    (copy / "index.faiss").write_bytes(bytes(data))
+    result = run_launcher(["--index", str(copy), "--port", str(free_port())])
+    assert result.returncode == 4, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert errors == [line for line in errors if line.startswith(
+        f"retrieval server: error: {copy / 'index.faiss'}: sha256 ")] and len(errors) == 1
+    assert "--skip-checksums" in errors[0]
+    log = tmp_path / "server.log"
+    skipped = ServerProcess(["--device", "cpu"], log_path=log,
+                            env={"MMOA_RETRIEVER_INDEX": str(copy),
+                                 "MMOA_RETRIEVER_SKIP_CHECKSUMS": "1"})
+    try:
+        assert skipped.wait_ready()["corpus_size"] == 400
+    finally:
+        skipped.stop()
+    assert "--skip-checksums: the index files are not checked" in log.read_text()
+
+
+def test_index_without_checksums_starts_with_a_warning(index_dir: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """An index built before checksums were recorded: a warning, and the server starts."""
+    import shutil
+
+    from mmoa.retrieval import server as launcher
+
+    copy = tmp_path / "index"
+    shutil.copytree(index_dir, copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    del meta["files"]
+    (copy / "meta.json").write_text(json.dumps(meta))
+    started: list[Any] = []
+
+    class NoGunicorn:  # the launcher's checks run for real; gunicorn is not started
+        def run(self) -> None:
+            started.append(True)
+
+    monkeypatch.setattr(launcher, "_gunicorn_application", lambda config: NoGunicorn())
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # main() sets it; restored afterwards
+    assert launcher.main(["--index", str(copy), "--port", str(free_port())]) == 0
+    assert started == [True]
+    assert "warning: " + f"{copy / 'meta.json'} records no sha256" in capsys.readouterr().err
+
+
 def test_faiss_gpu_on_without_gpu_is_refused_at_start(index_dir: Path) -> None:
     from mmoa.retrieval.index import faiss_gpu_count
 

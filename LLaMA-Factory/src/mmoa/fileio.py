@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +43,17 @@ def apply_umask_modes(folder: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
-def sha256_file(path: PathLike, chunk_size: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in chunks (a multi-GB weights file need not fit in memory)."""
+def sha256_file(path: PathLike, chunk_size: int = 1 << 20,
+                on_read: Callable[[int], object] | None = None) -> str:
+    """Hex sha256 of a file, read in chunks (a multi-GB weights file need not fit in memory).
+
+    ``on_read(n)`` is called after each chunk of ``n`` bytes (e.g. a progress bar's update)."""
     digest = hashlib.sha256()
     with Path(path).open("rb") as handle:
         while chunk := handle.read(chunk_size):
             digest.update(chunk)
+            if on_read is not None:
+                on_read(len(chunk))
     return digest.hexdigest()
 
 

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from flask import Flask, Response, request
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import ClientDisconnected, HTTPException
 
 from mmoa.retrieval.batcher import MicroBatcher, Scheduler
 from mmoa.retrieval.index import Retriever
@@ -195,6 +195,17 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
             raise ApiError(503, f"{err}; the server is overloaded", "timeout") from err
 
     def read_body() -> dict[str, Any]:
+        try:
+            return parse_body(_read_raw_body())
+        except (TimeoutError, ClientDisconnected) as err:
+            # The server's read deadline (mmoa.retrieval.worker), which Werkzeug's input
+            # stream reports as a disconnected client (400) raised while handling it.
+            timeout = err if isinstance(err, TimeoutError) else err.__context__
+            if isinstance(timeout, TimeoutError):
+                raise ApiError(408, str(timeout), "request_timeout") from err
+            raise
+
+    def _read_raw_body() -> bytes:
         length = request.content_length
         if length is not None and length > limits.max_body_bytes:
             _drain(length)
@@ -205,7 +216,7 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
         if len(raw) > limits.max_body_bytes:
             raise ApiError(413, f"request body exceeds the limit of {limits.max_body_bytes} "
                                 "bytes", "payload_too_large")
-        return parse_body(raw)
+        return raw
 
     def _drain(length: int) -> None:
         # Read (and drop) a moderately oversized body so the client, still sending, gets the

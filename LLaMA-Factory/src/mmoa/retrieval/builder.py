@@ -29,7 +29,14 @@ from mmoa.retrieval.corpus import (
     write_corpus_store,
 )
 from mmoa.retrieval.encoder import PRESETS, Encoder, EncoderConfig, preset
-from mmoa.retrieval.index import CORPUS_DIR, INDEX_FILE, META_FILE, IndexMeta, make_index
+from mmoa.retrieval.index import (
+    CORPUS_DIR,
+    INDEX_FILE,
+    META_FILE,
+    IndexMeta,
+    index_file_checksums,
+    make_index,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +60,10 @@ class BuildConfig:
 
 
 def build_index(config: BuildConfig) -> IndexMeta:
-    """Write ``config.output`` = {index.faiss, corpus/, meta.json}; returns the metadata."""
+    """Write ``config.output`` = {index.faiss, corpus/, meta.json}; returns the metadata.
+
+    meta.json records the sha256 of every other file, which loading verifies.
+    """
     import faiss
 
     out = Path(config.output)
@@ -102,6 +112,8 @@ def build_index(config: BuildConfig) -> IndexMeta:
                    "passage_text": "title + ' ' + text", "faiss_version": faiss.__version__,
                    "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                    "seconds": round(time.perf_counter() - started, 1)},
+            # Read back from disk, so they are the bytes a server will load.
+            files=index_file_checksums(tmp),
         )
         atomic_write_json(tmp / META_FILE, meta.to_json())
         apply_umask_modes(tmp)
