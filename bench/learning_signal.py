@@ -287,6 +287,31 @@ def paired_gain(sft: dict[str, float], mappo: dict[str, float]) -> dict[str, flo
     return {"gain": statistics.fmean(diffs), "gain_se": se, "n": len(diffs)}
 
 
+def pooled_gain(sft: dict[str, float], runs: list[dict[str, float]]) -> dict[str, float]:
+    """Mean F1 gain of several MAPPO seeds over the warm start they share, with its standard
+    error over questions: each question's gain is averaged over the seeds first, since seeds
+    scored on the same questions are not independent samples (the question-to-question spread
+    counts once, the seed-to-seed noise averages out). One run gives :func:`paired_gain`."""
+    questions = [q for q in sft if all(q in run for run in runs)]
+    diffs = [statistics.fmean(run[q] for run in runs) - sft[q] for q in questions]
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+    return {"gain": statistics.fmean(diffs), "gain_se": se, "n": len(diffs),
+            "seeds": len(runs)}
+
+
+def pooled_over_current_warm_start(result: dict[str, Any]) -> dict[str, Any] | None:
+    """:func:`pooled_gain` of the MAPPO seeds trained from this invocation's warm start (the
+    ones whose per-question F1 is recorded); None when there are none."""
+    sft = result["warm_start"]
+    runs = [run for run in result["mappo"].values()
+            if run["warm_start"].get("weights_sha256") == sft.get("weights_sha256")
+            and "per_question_f1" in run]
+    if "per_question_f1" not in sft or not runs:
+        return None
+    return {**pooled_gain(sft["per_question_f1"], [r["per_question_f1"] for r in runs]),
+            "seed_names": sorted(str(r["seed"]) for r in runs)}
+
+
 def _summarise(result: dict[str, Any], started: float) -> dict[str, Any]:
     """The target is judged only once every planned seed is done (``target_met`` is ``None``
     before): one seed above the warm start is not "3 of 3"."""
@@ -305,6 +330,10 @@ def _summarise(result: dict[str, Any], started: float) -> dict[str, Any]:
         "mappo_f1_mean": statistics.fmean(r["test"]["f1"] for r in result["mappo"].values())
         if gains else None,
         "mean_gain": statistics.fmean(gains) if gains else None,
+        # the seed-to-seed spread of the gain (its standard error over seeds)
+        "mean_gain_se_over_seeds": statistics.stdev(gains) / math.sqrt(len(gains))
+        if len(gains) > 1 else None,
+        "pooled_gain_current_warm_start": pooled_over_current_warm_start(result),
         "seeds_above_sft": sum(g > 0 for g in gains), "seeds": len(gains),
         "seeds_planned": planned,
         "runs_done": 1 + len(result["mappo"]) + len(result["ablation"]),
@@ -423,8 +452,15 @@ def format_table(result: dict[str, Any]) -> str:
     lines.append("-" * len(header))
     lines.extend(_scoring_lines(result))
     verdict = "pending" if s["target_met"] is None else s["target_met"]
+    spread = s.get("mean_gain_se_over_seeds")
     lines.append(f"MAPPO above SFT in {s['seeds_above_sft']} of {s['seeds']} seeds, mean gain "
-                 f"{_pct(s['mean_gain'])} F1; target met: {verdict}")
+                 f"{_pct(s['mean_gain'])}{'' if spread is None else ' +- ' + _pct(spread)} F1 "
+                 f"(+- its standard error over seeds); target met: {verdict}")
+    pooled = s.get("pooled_gain_current_warm_start")
+    if pooled and pooled["seeds"] > 1:
+        lines.append(f"seeds {', '.join(pooled['seed_names'])} from the same warm start, each "
+                     f"question's gain averaged over them: {_pct(pooled['gain'])} +- "
+                     f"{_pct(pooled['gain_se'])} F1 over {pooled['n']} questions")
     return "\n".join(lines)
 
 
@@ -452,9 +488,20 @@ def main() -> None:
     parser.add_argument("--json-out", help="also write the JSON here")
     parser.add_argument("--previous", help="a JSON of this bench whose finished runs are carried "
                         "over (default: the --json-out file; 'none' for none)")
+    parser.add_argument("--report", metavar="JSON", help="print the summary and the table of "
+                        "this bench's JSON and exit (nothing is run; the summary is recomputed)")
     parser.add_argument("overrides", nargs="*",
                         help="key=value overrides for every training run (e.g. bf16=true)")
     args = parser.parse_args()
+    if args.report:
+        recorded = json.loads(Path(args.report).read_text())
+        recorded["summary"] = {**recorded.get("summary", {}),
+                               **_summarise(recorded, time.perf_counter())}
+        recorded["summary"].pop("seconds_this_invocation", None)
+        print(json.dumps(recorded["summary"], indent=2))
+        print()
+        print(format_table(recorded))
+        return
     if args.previous is None:
         args.previous = args.json_out
     elif args.previous == "none":

@@ -33,6 +33,21 @@ def test_paired_gain_by_hand(bench):
     assert gain["gain_se"] == pytest.approx(sd / math.sqrt(3))
 
 
+def test_pooled_gain_averages_each_question_over_the_seeds_first(bench):
+    sft = {"a": 0.0, "b": 1.0, "c": 0.5}
+    seed_x = {"a": 1.0, "b": 1.0, "c": 0.0}  # diffs 1, 0, -0.5
+    seed_y = {"a": 0.0, "b": 0.5, "c": 1.0}  # diffs 0, -0.5, 0.5
+    pooled = bench.pooled_gain(sft, [seed_x, seed_y])
+    # per question 0.5, -0.25, 0: mean 1/12; sd sqrt(((5/12)^2 + (1/3)^2 + (1/12)^2) / 2)
+    assert pooled["n"] == 3 and pooled["seeds"] == 2
+    assert pooled["gain"] == pytest.approx(1 / 12)
+    sd = math.sqrt(((5 / 12) ** 2 + (1 / 3) ** 2 + (1 / 12) ** 2) / 2)
+    assert pooled["gain_se"] == pytest.approx(sd / math.sqrt(3))
+    one = bench.pooled_gain(sft, [seed_x])  # one seed: the paired gain
+    assert one["gain"] == pytest.approx(bench.paired_gain(sft, seed_x)["gain"])
+    assert one["gain_se"] == pytest.approx(bench.paired_gain(sft, seed_x)["gain_se"])
+
+
 def test_weights_digest_covers_every_weight_file(bench, tmp_path):
     (tmp_path / "model-00002.safetensors").write_bytes(b"second")
     (tmp_path / "model-00001.safetensors").write_bytes(b"first")
