@@ -188,6 +188,26 @@ def test_malformed_http_gets_a_json_error(server: ServerProcess, raw: bytes, sta
     assert set(payload) == {"error", "message", "status"}
 
 
+CHUNKED_HEAD = (b"POST /search HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+
+@pytest.mark.parametrize("body", [
+    pytest.param(b"zz\r\nabc\r\n0\r\n\r\n", id="chunk-size-not-hex"),
+    pytest.param(b"3\r\nabcXX0\r\n\r\n", id="chunk-without-terminator"),
+])
+def test_malformed_chunked_body_is_a_400(server: ServerProcess, body: bytes) -> None:
+    """Broken chunk framing fails inside the app's body read (gunicorn decodes chunks lazily):
+    a JSON 400 naming it, not a 500 with a traceback (found by bench/server_probe.py)."""
+    with connect(server) as sock:
+        sock.sendall(CHUNKED_HEAD + body)
+        status, headers, payload = parse_response(read_until_closed(sock))
+    assert status == 400, payload
+    assert headers["content-type"] == "application/json"
+    assert "malformed request body" in payload["message"], payload
+    assert normal_search(server)
+
+
 def test_read_timeout_option(monkeypatch: pytest.MonkeyPatch,
                              capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from mmoa.retrieval.server import build_arg_parser, config_from_args

@@ -196,7 +196,7 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
 
     def read_body() -> dict[str, Any]:
         try:
-            return parse_body(_read_raw_body())
+            raw = _read_raw_body()
         except (TimeoutError, ClientDisconnected) as err:
             # The server's read deadline (mmoa.retrieval.worker), which Werkzeug's input
             # stream reports as a disconnected client (400) raised while handling it.
@@ -204,6 +204,16 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
             if isinstance(timeout, TimeoutError):
                 raise ApiError(408, str(timeout), "request_timeout") from err
             raise
+        except (ApiError, HTTPException):
+            raise
+        except Exception as err:
+            # The WSGI server decodes the body's framing while the app reads it, and fails on
+            # the client's bytes (gunicorn: an invalid chunk size or chunk terminator, a
+            # client gone mid-chunk). That is bad input, not our fault: it was a 500 with a
+            # traceback (found by bench/server_probe.py).
+            raise ApiError(400, f"malformed request body ({type(err).__name__}: {err})"
+                           ) from err
+        return parse_body(raw)
 
     def _read_raw_body() -> bytes:
         length = request.content_length
