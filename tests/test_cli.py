@@ -156,3 +156,24 @@ def test_train_with_a_missing_config_is_a_clear_error(tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", str(tmp_path / "missing.yaml")]) == 2
     assert "config file not found" in capsys.readouterr().err
+
+
+def test_train_override_without_a_value_is_a_clear_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``mmoa-cli train run.yaml max_steps`` was read as ``max_steps: null`` and crashed with a
+    TypeError traceback once training began (found by bench/trainer_probe.py)."""
+    config = tmp_path / "run.yaml"
+    config.write_text("stage: mappo\nmax_steps: 3\n")
+    assert main(["train", str(config), "max_steps"]) == 2
+    err = capsys.readouterr().err
+    assert "override 'max_steps': expected key=value" in err and len(err.splitlines()) == 1
+
+
+def test_train_with_a_yaml_syntax_error_is_one_line(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("stage: mappo\nmax_steps: [1\n")
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"{config}: cannot read the config (" in err and "line 2" in err

@@ -128,6 +128,41 @@ def test_mappo_arguments_are_split_and_validated() -> None:
         MappoArguments(mappo_agents="qr,critic")
 
 
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("mappo_top_k", "ten", "mappo_top_k must be an integer, got 'ten'"),
+    ("mappo_top_k", 2.5, "mappo_top_k must be an integer"),
+    ("mappo_adaptive_kl", "maybe", "mappo_adaptive_kl must be true or false"),
+    ("mappo_qr_penalty", "high", "mappo_qr_penalty must be a number"),
+    ("mappo_agents", True, "mappo_agents must be a string"),
+    ("mappo_cliprange", -0.2, "mappo_cliprange must be a finite number > 0"),
+    ("mappo_gamma", 1.5, r"mappo_gamma must be in \[0, 1\]"),
+    ("mappo_lam", -0.1, r"mappo_lam must be in \[0, 1\]"),
+    ("mappo_vf_coef", -1, "mappo_vf_coef must be a finite number >= 0"),
+    ("mappo_retriever_timeout", 0, "mappo_retriever_timeout must be"),
+    ("mappo_retriever_retries", -1, "mappo_retriever_retries must be >= 0"),
+    ("mappo_questions_per_rollout", -2, "mappo_questions_per_rollout must be at least 1"),
+    ("mappo_max_nonfinite_steps", 0, "mappo_max_nonfinite_steps must be at least 1"),
+])
+def test_mappo_arguments_of_a_wrong_type_or_range_name_the_key(key: str, value: object,
+                                                                 message: str) -> None:
+    """Found by bench/trainer_probe.py: a string for an integer was a TypeError traceback, a
+    non-empty string for a boolean was silently true, a negative clip range or gamma 1.5
+    trained."""
+    with pytest.raises(ValueError, match=message):
+        split_mappo_args({key: value})
+
+
+def test_mappo_arguments_read_strings_as_llamafactory_does() -> None:
+    args, _ = split_mappo_args({"mappo_top_k": "5", "mappo_cliprange": "1e-1",
+                                "mappo_adaptive_kl": "false", "mappo_retriever_token": 1234,
+                                "mappo_questions_per_rollout": None})
+    assert args.mappo_top_k == 5 and args.mappo_cliprange == 0.1
+    assert args.mappo_adaptive_kl is False and args.mappo_retriever_token == "1234"
+    assert args.mappo_questions_per_rollout is None
+    assert split_mappo_args({"mappo_questions_per_rollout": 0})[0] \
+        .mappo_questions_per_rollout == 0, "0: automatic, as the web UI writes it"
+
+
 def _sample_responses(model: PolicyWithValue, prompt: list[int], n: int, length: int,
                       generator: torch.Generator) -> list[list[int]]:
     """Samples ``length`` tokens for ``n`` copies of the prompt at once (ancestral sampling)."""
@@ -221,16 +256,39 @@ def test_fp16_and_a_resumed_sft_adapter_are_refused() -> None:
 
     from mmoa.train.mappo.workflow import check_training_setup
 
+    def training(fp16: bool) -> SimpleNamespace:
+        return SimpleNamespace(fp16=fp16, per_device_train_batch_size=4,
+                               gradient_accumulation_steps=1)
+
     model_args = SimpleNamespace(adapter_name_or_path=None)
-    lora = SimpleNamespace(finetuning_type="lora", create_new_adapter=False)
+    lora = SimpleNamespace(finetuning_type="lora", create_new_adapter=False, ppo_epochs=1)
     with pytest.raises(ValueError, match="fp16"):
-        check_training_setup(model_args, SimpleNamespace(fp16=True), lora)
+        check_training_setup(model_args, training(True), lora)
     sft_adapter = SimpleNamespace(adapter_name_or_path=["saves/x/lora/sft"])
     with pytest.raises(ValueError, match="create_new_adapter: true"):
-        check_training_setup(sft_adapter, SimpleNamespace(fp16=False), lora)
-    check_training_setup(sft_adapter, SimpleNamespace(fp16=False),
-                         SimpleNamespace(finetuning_type="lora", create_new_adapter=True))
-    check_training_setup(model_args, SimpleNamespace(fp16=False), lora)
+        check_training_setup(sft_adapter, training(False), lora)
+    check_training_setup(sft_adapter, training(False),
+                         SimpleNamespace(finetuning_type="lora", create_new_adapter=True,
+                                         ppo_epochs=1))
+    check_training_setup(model_args, training(False), lora)
+
+
+@pytest.mark.parametrize("key", ["per_device_train_batch_size", "gradient_accumulation_steps",
+                                 "ppo_epochs"])
+def test_a_batch_size_or_epoch_count_of_zero_is_refused(key: str) -> None:
+    """LLaMA-Factory accepts 0 for these; the run then trained with no update (ppo_epochs) or
+    an empty mini-batch and exited 0 (found by bench/trainer_probe.py)."""
+    from types import SimpleNamespace
+
+    from mmoa.train.mappo.workflow import check_training_setup
+
+    values = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1,
+              "ppo_epochs": 1, key: 0}
+    training = SimpleNamespace(fp16=False, **{k: v for k, v in values.items()
+                                             if k != "ppo_epochs"})
+    finetuning = SimpleNamespace(finetuning_type="full", ppo_epochs=values["ppo_epochs"])
+    with pytest.raises(ValueError, match=f"{key} must be at least 1, got 0"):
+        check_training_setup(SimpleNamespace(adapter_name_or_path=None), training, finetuning)
 
 
 def test_the_logged_entropy_builds_no_graph() -> None:

@@ -40,6 +40,9 @@ def read_train_config(argv: Sequence[str]) -> dict[str, Any]:
         raise TrainConfigError(f"{path}: expected a .yaml, .yml or .json config file")
     if not path.is_file():
         raise TrainConfigError(f"{path}: config file not found")
+    for override in argv[1:]:
+        if "=" not in override:  # OmegaConf reads a bare "key" as key: null, a crash later
+            raise TrainConfigError(f"override {override!r}: expected key=value")
     try:
         if path.suffix == ".json":
             base = OmegaConf.create(json.loads(path.read_text(encoding="utf-8")))
@@ -48,7 +51,9 @@ def read_train_config(argv: Sequence[str]) -> dict[str, Any]:
         overrides = OmegaConf.from_cli(list(argv[1:]))
         merged = OmegaConf.to_container(OmegaConf.merge(base, overrides))
     except Exception as err:  # OmegaConf raises several unrelated types
-        raise TrainConfigError(f"{path}: cannot read the config ({err})") from err
+        # one line: YAML errors span several ("while parsing ...\n  in file, line 2, ...")
+        detail = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        raise TrainConfigError(f"{path}: cannot read the config ({detail})") from err
     if not isinstance(merged, dict):
         raise TrainConfigError(f"{path}: the config must be a mapping of keys to values")
     return merged

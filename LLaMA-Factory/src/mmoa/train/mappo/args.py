@@ -13,6 +13,9 @@ sampling temperature 0.95 / top-p 0.9, penalties -0.5 (QR), -1 (Selector), -0.5 
 
 from __future__ import annotations
 
+import math
+import types
+import typing
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -128,6 +131,35 @@ class MappoArguments:
         get_profile(self.mappo_scoring)  # an unknown name fails here, before any model loads
         if not 0 < self.mappo_top_p <= 1 or self.mappo_temperature <= 0:
             raise ValueError("mappo_top_p must be in (0, 1] and mappo_temperature > 0")
+        self._check_ranges()
+
+    def _check_ranges(self) -> None:
+        """Values the PPO maths accepts without complaint but that train something else than
+        asked (a negative clip range clips every ratio, gamma 1.5 grows returns geometrically),
+        or that fail later with a message naming no key."""
+        for name in ("mappo_qr_max_subquestions", "mappo_qr_max_chars",
+                     "mappo_generator_max_words", "mappo_max_nonfinite_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.mappo_questions_per_rollout is not None and self.mappo_questions_per_rollout < 0:
+            raise ValueError("mappo_questions_per_rollout must be at least 1 (0 or unset: per-"
+                             "device batch size x gradient accumulation steps), got "
+                             f"{self.mappo_questions_per_rollout}")
+        if self.mappo_retriever_retries < 0:
+            raise ValueError(f"mappo_retriever_retries must be >= 0, got "
+                             f"{self.mappo_retriever_retries}")
+        for name in ("mappo_retriever_timeout", "mappo_cliprange", "mappo_cliprange_value",
+                     "mappo_kl_horizon", "mappo_ratio_threshold"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
+        for name in ("mappo_vf_coef", "mappo_init_kl_coef", "mappo_min_kl_coef"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        for name in ("mappo_gamma", "mappo_lam"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
     @property
     def optimized_agents(self) -> tuple[str, ...]:
@@ -149,4 +181,40 @@ def split_mappo_args(config: dict[str, Any]) -> tuple[MappoArguments, dict[str, 
             f"unknown MAPPO keys: {', '.join(unknown)} (known: {', '.join(sorted(known))})"
         )
     rest = {k: v for k, v in config.items() if not k.startswith(PREFIX)}
-    return MappoArguments(**ours), rest
+    hints = typing.get_type_hints(MappoArguments)
+    return MappoArguments(**{k: _typed(k, v, hints[k]) for k, v in ours.items()}), rest
+
+
+_TRUE = ("true", "yes", "y", "t", "1")
+_FALSE = ("false", "no", "n", "f", "0")
+
+
+def _typed(name: str, value: Any, hint: Any) -> Any:
+    """``value`` as the field's type, read as LLaMA-Factory reads its own keys (numbers and
+    true/false given as strings are accepted); anything else is a ``ValueError`` naming the key.
+
+    Without this a wrong type passed the dataclass untouched: ``mappo_top_k: ten`` failed with
+    a bare ``TypeError`` traceback, and ``mappo_adaptive_kl: maybe`` (a non-empty string) was
+    silently true."""
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None and type(None) in args:
+        return None
+    kind = next(a for a in args if a is not type(None))
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+                return value.strip().lower() in _TRUE
+        elif kind is int and not isinstance(value, bool | float):
+            return int(value)
+        elif kind is float and not isinstance(value, bool):
+            return float(value)
+        elif kind is str and isinstance(value, str | int | float) \
+                and not isinstance(value, bool):
+            return str(value)
+    except ValueError:
+        pass
+    expected = {bool: "true or false", int: "an integer", float: "a number",
+                str: "a string"}[kind]
+    raise ValueError(f"{name} must be {expected}, got {value!r}")

@@ -42,6 +42,9 @@ def load_mappo_records(dataset: str, dataset_dir: str, max_samples: int | None) 
 def check_training_setup(model_args: Any, training_args: Any, finetuning_args: Any) -> None:
     """Refuse set-ups that would train something other than what the user asked for.
 
+    * ``per_device_train_batch_size`` (the PPO mini-batch), ``gradient_accumulation_steps`` or
+      ``ppo_epochs`` below 1: LLaMA-Factory accepts them, and the run "trained" without an
+      update (ppo_epochs 0) or with a mini-batch of no question.
     * ``fp16``: the loss would be scaled and the gradients clipped unscaled (no GradScaler in
       this loop); bf16 or fp32 train correctly.
     * LoRA with ``adapter_name_or_path`` (an SFT adapter) and ``create_new_adapter: false``:
@@ -50,6 +53,11 @@ def check_training_setup(model_args: Any, training_args: Any, finetuning_args: A
       ``create_new_adapter: true`` merges the SFT adapter into the base and trains a new one on
       top, so the reference is the warm start.
     """
+    for name, value in (("per_device_train_batch_size", training_args.per_device_train_batch_size),
+                        ("gradient_accumulation_steps", training_args.gradient_accumulation_steps),
+                        ("ppo_epochs", finetuning_args.ppo_epochs)):
+        if value < 1:  # 0 trained nothing (ppo_epochs) or split the rollout oddly, silently
+            raise ValueError(f"{name} must be at least 1, got {value}")
     if getattr(training_args, "fp16", False):
         raise ValueError("the mappo stage does not support fp16 (its loss scaling would leave "
                          "the gradients unscaled at clipping): use bf16: true or fp32")
