@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "LLaMA-Factory" / "src"))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the server sets it (run_server.sh)
 
 import mmoa  # noqa: E402,F401  (offline environment)
-from mmoa.fileio import atomic_write_json, read_jsonl  # noqa: E402
+from mmoa.fileio import atomic_write_json  # noqa: E402
 
 # ------------------------------------------------------------------------------ helpers
 
@@ -53,17 +53,10 @@ def percentile_ms(samples: list[float], q: float) -> float:
 
 def demo_index(work: Path, n_passages: int) -> tuple[Path, list[str]]:
     """A demo world of ``n_passages`` and its Flat index; returns (index dir, questions)."""
-    from mmoa.retrieval.builder import BuildConfig, build_index
-    from mmoa_demo.world import DemoWorldConfig, generate_demo_world, write_demo_world
+    from mmoa_demo.world import DemoWorldConfig, build_demo_index
 
-    world = generate_demo_world(DemoWorldConfig(n_passages=n_passages, n_train=400, n_dev=100,
-                                                n_test=100, seed=42))
-    write_demo_world(world, work / "world")
-    build_index(BuildConfig(corpus=str(work / "world" / "corpus.jsonl"),
-                            output=str(work / "index"), progress=True))
-    questions = [r["question"] for s in ("train", "dev", "test")
-                 for r in read_jsonl(work / "world" / f"{s}.jsonl")]
-    return work / "index", questions
+    return build_demo_index(work, DemoWorldConfig(n_passages=n_passages, n_train=400,
+                                                  n_dev=100, n_test=100, seed=42), progress=True)
 
 
 def free_port() -> int:

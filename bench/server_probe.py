@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT / "LLaMA-Factory" / "src"))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the server sets it (run_server.sh)
 
 import mmoa  # noqa: E402,F401  (offline environment)
-from mmoa.fileio import atomic_write_json, read_jsonl  # noqa: E402
+from mmoa.fileio import atomic_write_json  # noqa: E402
 
 #: Limits of the probed server (the defaults of ``flask_server.py``, named so that the
 #: catalogue can aim just past them).
@@ -816,17 +816,11 @@ def run_slow_clients(port: int, token: str, question: str, stalled: int, read_ti
 
 
 def build_demo_index(work: Path, n_passages: int) -> tuple[Path, list[str]]:
-    from mmoa.retrieval.builder import BuildConfig, build_index
-    from mmoa_demo.world import DemoWorldConfig, generate_demo_world, write_demo_world
+    from mmoa_demo.world import DemoWorldConfig
+    from mmoa_demo.world import build_demo_index as build
 
-    world = generate_demo_world(DemoWorldConfig(n_passages=n_passages, n_train=120, n_dev=40,
-                                                n_test=40, seed=11))
-    write_demo_world(world, work / "world")
-    build_index(BuildConfig(corpus=str(work / "world" / "corpus.jsonl"),
-                            output=str(work / "index"), progress=False))
-    questions = [r["question"] for s in ("train", "dev", "test")
-                 for r in read_jsonl(work / "world" / f"{s}.jsonl")]
-    return work / "index", questions
+    return build(work, DemoWorldConfig(n_passages=n_passages, n_train=120, n_dev=40, n_test=40,
+                                       seed=11))
 
 
 def questions_from_index(index: Path, n: int = 200) -> list[str]:

@@ -903,3 +903,20 @@ def write_demo_world(world: DemoWorld, out_dir: str | Path) -> dict[str, Path]:
     files = {"corpus": out / "corpus.jsonl", "world": out / "world.json"}
     files.update({split: out / f"{split}.jsonl" for split in world.splits})
     return files
+
+
+def build_demo_index(work: str | Path, config: DemoWorldConfig,
+                     progress: bool = False) -> tuple[Path, list[str]]:
+    """A demo world of ``config`` written to ``work/world`` and its Flat index built in
+    ``work/index`` (what the retrieval benches serve); returns the index folder and every
+    question of the world, train, dev and test in that order."""
+    from mmoa.retrieval.builder import BuildConfig, build_index
+
+    work = Path(work)
+    world = generate_demo_world(config)
+    write_demo_world(world, work / "world")
+    build_index(BuildConfig(corpus=str(work / "world" / "corpus.jsonl"),
+                            output=str(work / "index"), progress=progress))
+    questions = [record["question"] for split in ("train", "dev", "test")
+                 for record in world.splits[split]]
+    return work / "index", questions
