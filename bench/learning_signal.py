@@ -96,7 +96,7 @@ def _evaluate(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any
     _, template, _, mappo_config = MODELS[args.model]
     command = [sys.executable, "evaluate/evaluate_qr_s_g.py", "--model_name_or_path", str(model),
                "--template", template, "--data_file", args.eval_file, "--mode", "qr_s_g",
-               "--k", str(args.k), "--retriever_url", args.retriever_url,
+               "--k", str(args.k), "--retriever_url", args.eval_retriever_url or args.retriever_url,
                "--precision", args.precision, *_rollout_limits(mappo_config),
                "--output_dir", str(out)]
     if args.max_eval:
@@ -132,10 +132,21 @@ def warm_start_ref(sft: dict[str, Any]) -> dict[str, Any]:
             "test": {k: sft["test"].get(k) for k in ("f1", "f1_se", "em", "acc")}}
 
 
-def load_previous(path: str | None) -> dict[str, Any] | None:
+def load_previous(path: str | None, args: argparse.Namespace | None = None
+                  ) -> dict[str, Any] | None:
+    """The earlier JSON whose runs are carried over; refused when it scored another question
+    set (its figures would be paired with questions this invocation does not evaluate)."""
     if not path or not Path(path).is_file():
         return None
-    return json.loads(Path(path).read_text())
+    previous = json.loads(Path(path).read_text())
+    if args is not None:
+        config = previous.get("config", {})
+        for key in ("eval_file", "max_eval"):
+            if config.get(key) != getattr(args, key):
+                raise SystemExit(f"{path} was evaluated with {key}={config.get(key)!r}, this run "
+                                 f"with {getattr(args, key)!r}: its runs cannot be carried over "
+                                 "(pass --previous none, or another --json-out)")
+    return previous
 
 
 def _summary(metrics: dict[str, Any], eval_dir: Path) -> dict[str, Any]:
@@ -355,7 +366,7 @@ def _record(args: argparse.Namespace, result: dict[str, Any], started: float) ->
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.work_dir)
     started = time.perf_counter()
-    previous = load_previous(args.previous)
+    previous = load_previous(args.previous, args)
     result: dict[str, Any] = {"model": args.model, "config": vars(args).copy(), "mappo": {},
                               "ablation": {}}
     earlier = earlier_warm_starts(previous)
@@ -381,8 +392,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for seed in args.seeds:
         if str(seed) in result["mappo"]:
             continue
-        run_result = mappo_run(args, work, f"mappo_seed{seed}", seed, ",".join(AGENTS),
-                               sft["model"])
+        run_result = mappo_run(args, work, f"mappo_seed{seed}", seed, args.agents, sft["model"])
         run_result["paired"] = paired_gain(sft["per_question_f1"], run_result["per_question_f1"])
         run_result["warm_start"] = warm_start_ref(sft)
         result["mappo"][str(seed)] = run_result
@@ -475,7 +485,12 @@ def main() -> None:
     parser.add_argument("--ablation", nargs="*", default=list(AGENTS), choices=AGENTS,
                         help="agents optimised alone from the warm start (default: all three)")
     parser.add_argument("--retriever-url", dest="retriever_url", default="http://127.0.0.1:8000")
+    parser.add_argument("--agents", default=",".join(AGENTS),
+                        help="the agents the seeds' MAPPO runs optimise (default: all three)")
     parser.add_argument("--eval-file", dest="eval_file", default="data/demo/test.jsonl")
+    parser.add_argument("--eval-retriever-url", dest="eval_retriever_url",
+                        help="the server of the evaluation file's corpus, when it is not the "
+                        "training world's (default: --retriever-url)")
     parser.add_argument("--max-eval", dest="max_eval", type=int,
                         help="evaluate on the first N questions only")
     parser.add_argument("--k", type=int, default=5, help="candidates per question (as the demo)")

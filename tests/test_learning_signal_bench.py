@@ -104,3 +104,21 @@ def test_earlier_warm_starts_and_the_summary_over_warm_starts(bench):
     result["config"]["seeds"] = [3]  # one seed asked for: still judged on three
     del result["mappo"]["3"]
     assert bench._summarise(result, 0.0)["seeds_planned"] == 3
+
+
+def test_a_previous_json_of_another_question_set_is_not_carried_over(bench, tmp_path):
+    import argparse
+    import json
+
+    path = tmp_path / "previous.json"
+    path.write_text(json.dumps({"config": {"eval_file": "data/demo/test.jsonl", "max_eval": None},
+                                "warm_start": {}, "mappo": {}, "ablation": {}}))
+    same = argparse.Namespace(eval_file="data/demo/test.jsonl", max_eval=None)
+    assert bench.load_previous(str(path), same)["mappo"] == {}
+    other = argparse.Namespace(eval_file="data/test_world/test.jsonl", max_eval=None)
+    with pytest.raises(SystemExit, match=r"eval_file='data/demo/test\.jsonl'.*--previous none"):
+        bench.load_previous(str(path), other)
+    fewer = argparse.Namespace(eval_file="data/demo/test.jsonl", max_eval=600)
+    with pytest.raises(SystemExit, match="max_eval=None"):
+        bench.load_previous(str(path), fewer)
+    assert bench.load_previous(str(tmp_path / "missing.json"), same) is None
