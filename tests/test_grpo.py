@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import copy
 import math
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from mmoa.train.mappo.args import split_mappo_args
@@ -305,3 +307,33 @@ def test_grpo_raises_the_reward_on_a_known_task(normalise: str, averaging: str) 
     _, after = rollout()
     assert before < 0.25, before
     assert after > 0.6, (before, history, after)
+
+
+# -- the example configs -------------------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "LLaMA-Factory" / "examples"
+GRPO_ONLY = {"mappo_algorithm", "mappo_group_size", "mappo_grpo_normalise", "mappo_grpo_filter",
+             "mappo_loss_averaging", "mappo_kl_loss_coef", "mappo_questions_per_rollout",
+             "output_dir", "ppo_target"}
+
+
+@pytest.mark.parametrize(("grpo", "ppo"), [("demo/smollm2_full_grpo.yaml",
+                                            "demo/smollm2_full_mappo.yaml"),
+                                           ("demo/tiny_full_grpo.yaml",
+                                            "demo/tiny_full_mappo.yaml"),
+                                           ("real/llama3_lora_grpo.yaml",
+                                            "real/llama3_lora_mappo.yaml")])
+def test_the_grpo_examples_parse_and_match_their_ppo_configs(grpo: str, ppo: str) -> None:
+    """Each grpo example is its mappo sibling with the grpo keys, and rolls out as many
+    pipelines per step (questions x group size) as the PPO config has questions."""
+    grpo_config = yaml.safe_load((EXAMPLES / grpo).read_text())
+    ppo_config = yaml.safe_load((EXAMPLES / ppo).read_text())
+    args, _ = split_mappo_args(grpo_config)
+    ppo_args, _ = split_mappo_args(ppo_config)
+    assert args.is_grpo and not ppo_args.is_grpo
+    assert args.mappo_questions_per_rollout * args.mappo_group_size \
+        == ppo_args.mappo_questions_per_rollout
+    ppo_only = {"mappo_init_kl_coef", "mappo_min_kl_coef", "mappo_cliprange_value",
+                "mappo_vf_coef", "mappo_gamma", "mappo_lam"}
+    for key in (set(grpo_config) | set(ppo_config)) - GRPO_ONLY - ppo_only:
+        assert grpo_config.get(key) == ppo_config.get(key), key
