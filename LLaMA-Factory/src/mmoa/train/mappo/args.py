@@ -86,7 +86,9 @@ class MappoArguments:
                           "gradient accumulation steps)."},
     )
     mappo_rollout_batch_size: int = field(
-        default=16, metadata={"help": "Questions per batched generate call during rollouts."}
+        default=16, metadata={"help": "Pipelines per batched generate call during rollouts "
+                                      "(a question under ppo; under grpo each of a question's "
+                                      "G rollouts counts, and a call holds whole groups)."}
     )
     mappo_temperature: float = field(default=defaults.ROLLOUT_TEMPERATURE,
                                      metadata={"help": "Sampling temperature."})
