@@ -52,8 +52,13 @@ def _config(args: argparse.Namespace, output: str) -> dict:
         if getattr(args, key) is not None:
             config[key] = getattr(args, key)
     if args.questions:
+        # one generate call per agent for the whole step, as in the demo configs; under grpo
+        # a question's group counts mappo_group_size pipelines (rows)
+        from mmoa.train.mappo.args import split_mappo_args
+
+        group = split_mappo_args(config)[0].rollouts_per_question
         config["mappo_questions_per_rollout"] = args.questions
-        config["mappo_rollout_batch_size"] = args.questions
+        config["mappo_rollout_batch_size"] = args.questions * group
     on_gpu = torch.cuda.is_available()
     config["bf16"] = args.precision == "bf16"
     if args.precision == "bf16" and not on_gpu:

@@ -93,3 +93,5 @@ def test_mappo_step_summary_names_reward_f1_kl_and_penalties() -> None:
         "approx_kl 0.0005, penalty rate qr 0.00 / generator 0.12, 320.0 s")
     assert step_summary(1, 2, {}) == (
         "[mappo] step 1/2: reward -, answer F1 -, KL -, loss -, approx_kl -")
+    grpo = {"reward": 0.5, "grpo/zero_variance_groups": 3.0, "grpo/groups": 4.0}
+    assert step_summary(1, 2, grpo).endswith(", approx_kl -, zero-variance groups 3/4")

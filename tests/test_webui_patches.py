@@ -145,6 +145,17 @@ def test_the_arguments_are_accepted_by_the_mappo_stage(engine: Any, tiny_model_d
     assert training_args.output_dir == str(tmp_path / "run")
 
 
+def test_the_grpo_fields_become_grpo_keys(engine: Any) -> None:
+    data = _form(engine, train__mappo_algorithm="grpo", train__mappo_group_size=8,
+                 train__mappo_grpo_normalise="mean", train__mappo_grpo_filter="skip",
+                 train__mappo_loss_averaging="sequence", train__mappo_kl_loss_coef=0.04)
+    assert engine.runner._initialize(data, True, True) == ""
+    args = engine.runner._parse_train_args(data)
+    assert (args["mappo_algorithm"], args["mappo_group_size"]) == ("grpo", 8)
+    assert (args["mappo_grpo_normalise"], args["mappo_grpo_filter"]) == ("mean", "skip")
+    assert args["mappo_loss_averaging"] == "sequence" and args["mappo_kl_loss_coef"] == 0.04
+
+
 def test_extra_arguments_win_over_the_widgets(engine: Any) -> None:
     data = _form(engine, train__mappo_top_k=5,
                  train__extra_args=json.dumps({"mappo_top_k": 3, "ppo_epochs": 1,
@@ -167,6 +178,8 @@ def test_other_stages_are_untouched(engine: Any) -> None:
     ({"train__mappo_retriever_url": "localhost:8000"}, "http://"),
     ({"train__mappo_top_k": 2.5}, "whole number"),
     ({"train__mappo_top_p": 1.5}, "mappo_top_p"),
+    ({"train__mappo_group_size": 0}, "mappo_group_size must be at least 1"),
+    ({"train__mappo_kl_loss_coef": 0.04}, "mappo_kl_loss_coef is the KL loss of"),
 ])
 def test_initialize_reports_bad_mappo_fields(engine: Any, values: dict[str, Any],
                                              message: str) -> None:

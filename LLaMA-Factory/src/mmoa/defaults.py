@@ -45,3 +45,8 @@ INIT_KL_COEF = 0.2
 KL_TARGET = 6.0
 KL_HORIZON = 10000.0
 MIN_KL_COEF = 0.06
+
+# GRPO (mappo_algorithm: grpo): rollouts per question, and the k3 KL loss weight (0: off, as in
+# TRL's GRPOTrainer and Dr. GRPO; DeepSeekMath used 0.04).
+GRPO_GROUP_SIZE = 4
+KL_LOSS_COEF = 0.0

@@ -8,6 +8,15 @@ Every step is recorded in a :class:`Trace`: the sub-questions, the candidates wi
 titles, the selection, the answer, per-agent timings and, for each agent, the prompt and response
 token ids that the PPO update needs.
 
+``run(questions, group_size=G)`` samples ``G`` pipelines per question (GRPO rollouts). What a
+group shares: the question's QR prompt is rendered and tokenised once and its input ids are
+repeated ``G`` times in the batch (``generate`` still runs the prefill of every row: there is no
+shared KV cache), and the sub-questions of all ``G`` pipelines of every question go to the
+retriever in the one call of the batch, each distinct sub-question once. Selector and Generator
+prompts differ between the pipelines of a group (other sub-questions, other documents) and are
+encoded per pipeline. ``batch_size`` bounds the rows of one ``generate`` call, so a large batch
+of questions (a whole MAPPO step) still makes one retrieval call.
+
 Modes (for baselines and ablations): ``g`` (no retrieval), ``rag`` (question -> top-K ->
 Generator), ``s_g`` (question -> top-K -> Selector -> Generator), ``qr_g`` (QR -> merged K ->
 Generator) and ``qr_s_g`` (the full pipeline).
@@ -160,7 +169,10 @@ class RagPipeline:
         mode: Mode = "qr_s_g",
         k: int = 10,
         settings: GenerationSettings | None = None,
+        batch_size: int | None = None,
     ) -> None:
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1 (or None), got {batch_size}")
         if mode not in MODES:
             raise ValueError(f"unknown pipeline mode {mode!r}; choose one of {', '.join(MODES)}")
         if mode != "g" and retriever is None:
@@ -174,12 +186,22 @@ class RagPipeline:
         self.mode = mode
         self.k = k
         self.settings = settings or GenerationSettings()
+        #: Most sequences per ``generate`` call (``None``: one call per agent for the batch).
+        self.batch_size = batch_size
         self.last_timings = BatchTimings()
 
     # -- the pipeline ----------------------------------------------------------------------------
 
-    def run(self, questions: Sequence[str]) -> list[Trace]:
-        traces = [Trace(question=q) for q in questions]
+    def run(self, questions: Sequence[str], group_size: int = 1) -> list[Trace]:
+        """Traces of the batch: ``group_size`` per question, a question's next to each other."""
+        if group_size < 1:
+            raise ValueError(f"group_size must be at least 1, got {group_size}")
+        copies = group_size
+        if self.mode not in ("qr_g", "qr_s_g") and group_size > 1:
+            # no Query Rewriter: the first sampled agent's prompts differ per pipeline anyway
+            questions = [q for q in questions for _ in range(group_size)]
+            copies = 1
+        traces = [Trace(question=q) for q in questions for _ in range(copies)]
         timings = BatchTimings()
         if self.mode == "g":
             self._generate_answers(traces, use_documents=False, timings=timings)
@@ -188,7 +210,8 @@ class RagPipeline:
 
         if self.mode in ("qr_g", "qr_s_g"):
             start = time.perf_counter()
-            calls = self.generate("qr", [qr_prompt(t.question) for t in traces])
+            calls = self.generate("qr", [qr_prompt(q) for q in questions],
+                                  copies=copies)
             for trace, call in zip(traces, calls, strict=True):
                 trace.calls["qr"] = call
                 trace.qr_parse = parse_subquestions(
@@ -259,17 +282,39 @@ class RagPipeline:
 
     # -- batched generation ----------------------------------------------------------------------
 
-    @torch.no_grad()
     def generate(
         self,
         agent: AgentName,
         prompts: Sequence[AgentPrompt],
         processor_for: Any = None,
+        copies: int = 1,
     ) -> list[AgentCall]:
-        """One left-padded ``generate`` for a batch of prompts of one agent."""
+        """Left-padded ``generate`` calls for a batch of prompts of one agent: ``copies``
+        samples per prompt (row ``i * copies + j`` is prompt ``i``'s ``j``-th), in calls of at
+        most ``batch_size`` rows that hold whole prompts. Each prompt is tokenised once; its
+        ids are repeated ``copies`` times."""
         if not prompts:
             return []
         prompt_ids = self.renderer.batch_prompt_ids(prompts)
+        per_call = len(prompts) if self.batch_size is None \
+            else max(1, self.batch_size // copies)
+        calls: list[AgentCall] = []
+        for start in range(0, len(prompts), per_call):
+            calls.extend(self._generate_rows(
+                agent, prompts[start: start + per_call], prompt_ids[start: start + per_call],
+                processor_for, copies))
+        return calls
+
+    @torch.no_grad()
+    def _generate_rows(
+        self,
+        agent: AgentName,
+        prompts: Sequence[AgentPrompt],
+        prompt_ids: list[list[int]],
+        processor_for: Any,
+        copies: int,
+    ) -> list[AgentCall]:
+        """One ``generate`` call: ``copies`` rows per prompt."""
         device = next(self.model.parameters()).device
         pad_id = self.tokenizer.pad_token_id
         if pad_id is None:
@@ -280,6 +325,9 @@ class RagPipeline:
         for row, ids in enumerate(prompt_ids):
             input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
             attention[row, width - len(ids):] = 1
+        if copies > 1:
+            input_ids = input_ids.repeat_interleave(copies, dim=0)
+            attention = attention.repeat_interleave(copies, dim=0)
         settings = self.settings
         stop_ids = self.renderer.stop_token_ids
         kwargs: dict[str, Any] = {
@@ -312,7 +360,8 @@ class RagPipeline:
                 for t, step in enumerate(output.scores)], dim=1).tolist()
         stop_set = set(stop_ids)
         calls = []
-        for row, prompt in enumerate(prompts):
+        for row in range(len(prompts) * copies):
+            prompt = prompts[row // copies]
             generated = sequences[row, width:].tolist()
             response: list[int] = []
             for token in generated:
@@ -323,7 +372,7 @@ class RagPipeline:
             calls.append(AgentCall(
                 agent=agent,
                 prompt=prompt,
-                prompt_ids=prompt_ids[row],
+                prompt_ids=list(prompt_ids[row // copies]),
                 response_ids=response,
                 response_text=self.tokenizer.decode(text_ids, skip_special_tokens=True).strip(),
                 sampling_logprobs=sampled[row][: len(response)] if sampled is not None else None,

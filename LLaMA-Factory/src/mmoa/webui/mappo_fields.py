@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from mmoa.agents.prompts import AGENTS
 from mmoa.metrics import SCORING_PROFILES
-from mmoa.train.mappo.args import MappoArguments
+from mmoa.train.mappo.args import ALGORITHMS, GRPO_FILTERS, MappoArguments
+from mmoa.train.mappo.ppo_math import GROUP_NORMALISATIONS, LOSS_AVERAGING
 
 if TYPE_CHECKING:
     from gradio.components import Component
@@ -141,6 +142,23 @@ MAPPO_FIELDS: tuple[MappoField, ...] = (
     MappoField("mappo_kl_target", "ppo_target", "KL target", "ppo_target", "float", minimum=0),
     MappoField("mappo_kl_horizon", "mappo_kl_horizon", "KL horizon",
                "adaptation speed of the controller", "float", minimum=1),
+    # algorithm: ppo (the paper) or critic-free grpo
+    MappoField("mappo_algorithm", "mappo_algorithm", "Algorithm",
+               "ppo: value head and GAE (the paper); grpo: group-relative, no critic", "choice",
+               choices=ALGORITHMS),
+    MappoField("mappo_group_size", "mappo_group_size", "Group size (grpo)",
+               "pipelines sampled per question", "int", minimum=1),
+    MappoField("mappo_grpo_normalise", "mappo_grpo_normalise", "Group normalisation (grpo)",
+               "mean_std: (r - mean) / std; mean: r - mean (Dr. GRPO)", "choice",
+               choices=GROUP_NORMALISATIONS),
+    MappoField("mappo_grpo_filter", "mappo_grpo_filter", "Zero-variance groups (grpo)",
+               "skip: leave out the samples of groups whose rewards are all equal", "choice",
+               choices=GRPO_FILTERS),
+    MappoField("mappo_loss_averaging", "mappo_loss_averaging", "Loss averaging",
+               "token: over all tokens; sequence: per sample first", "choice",
+               choices=LOSS_AVERAGING),
+    MappoField("mappo_kl_loss_coef", "mappo_kl_loss_coef", "KL loss coefficient (grpo)",
+               "k3 KL to the warm start as a loss term; 0 = off", "float", minimum=0),
     # PPO and rollouts
     MappoField("mappo_ppo_epochs", "ppo_epochs", "PPO epochs", "passes over each rollout",
                "int", minimum=1),
@@ -148,7 +166,7 @@ MAPPO_FIELDS: tuple[MappoField, ...] = (
                "Questions per step", "0 = batch size x gradient accumulation", "int",
                minimum=0),
     MappoField("mappo_rollout_batch_size", "mappo_rollout_batch_size", "Rollout batch size",
-               "questions per batched generate call", "int", minimum=1),
+               "pipelines per batched generate call", "int", minimum=1),
     MappoField("mappo_temperature", "mappo_temperature", "Temperature", "rollout sampling",
                "float", minimum=0),
     MappoField("mappo_top_p", "mappo_top_p", "Top-p", "rollout sampling", "float", minimum=0),
@@ -165,6 +183,8 @@ MAPPO_ROWS: tuple[tuple[str, ...], ...] = (
     ("mappo_retriever_url", "mappo_top_k", "mappo_agents", "mappo_reward_metric",
      "mappo_scoring"),
     ("mappo_qr_penalty", "mappo_selector_penalty", "mappo_generator_penalty"),
+    ("mappo_algorithm", "mappo_group_size", "mappo_grpo_normalise", "mappo_grpo_filter",
+     "mappo_loss_averaging", "mappo_kl_loss_coef"),
     ("mappo_adaptive_kl", "mappo_init_kl_coef", "mappo_min_kl_coef", "mappo_kl_target",
      "mappo_kl_horizon"),
     ("mappo_ppo_epochs", "mappo_questions_per_rollout", "mappo_rollout_batch_size",

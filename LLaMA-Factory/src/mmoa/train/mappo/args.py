@@ -9,6 +9,12 @@ controller), ``ppo_whiten_rewards``, ``per_device_train_batch_size`` (PPO mini-b
 Defaults are the paper's (MMOA-RAG, Table 6 and section 3.3): clip 0.2, value clip 0.2,
 value-loss weight 0.1, gamma 1, lambda 0.95, adaptive KL from 0.2 with a floor of 0.06,
 sampling temperature 0.95 / top-p 0.9, penalties -0.5 (QR), -1 (Selector), -0.5 (Generator).
+
+``mappo_algorithm: grpo`` replaces the critic by group-relative advantages (``mappo_group_size``
+rollouts of the whole pipeline per question); the keys of the value head, GAE and the adaptive
+KL reward (``mappo_vf_coef``, ``mappo_cliprange_value``, ``mappo_gamma``, ``mappo_lam``,
+``mappo_whiten_advantages``, ``mappo_*kl_coef``, ``mappo_adaptive_kl``, ``mappo_kl_horizon``) are
+then not used, and the ``mappo_grpo_*`` keys and ``mappo_kl_loss_coef`` are (see docs/mappo.md).
 """
 
 from __future__ import annotations
@@ -21,8 +27,13 @@ from typing import Any
 
 from mmoa import defaults
 from mmoa.agents.prompts import AGENTS
+from mmoa.train.mappo.ppo_math import GROUP_NORMALISATIONS, LOSS_AVERAGING
 
 PREFIX = "mappo_"
+#: ``mappo_algorithm``: PPO with a value head (the paper) or critic-free GRPO.
+ALGORITHMS: tuple[str, ...] = ("ppo", "grpo")
+#: ``mappo_grpo_filter``: what happens to the groups whose rollouts all scored the same.
+GRPO_FILTERS: tuple[str, ...] = ("none", "skip")
 
 
 @dataclass
@@ -38,6 +49,30 @@ class MappoArguments:
     mappo_retriever_retries: int = field(default=5, metadata={"help": "Retries with backoff."})
     mappo_top_k: int = field(default=10, metadata={"help": "Candidate documents K."})
 
+    # algorithm
+    mappo_algorithm: str = field(
+        default="ppo",
+        metadata={"help": "ppo (value head, GAE; the paper) or grpo (critic-free, "
+                          "group-relative advantages over mappo_group_size rollouts)."})
+    mappo_group_size: int = field(
+        default=defaults.GRPO_GROUP_SIZE,
+        metadata={"help": "grpo: rollouts of the whole pipeline per question (G)."})
+    mappo_grpo_normalise: str = field(
+        default="mean_std",
+        metadata={"help": "grpo: mean_std, (r - mean) / (std + eps), or mean, r - mean "
+                          "(Dr. GRPO)."})
+    mappo_grpo_filter: str = field(
+        default="none",
+        metadata={"help": "grpo: none, or skip: leave out the samples of groups whose G "
+                          "rewards are equal and that no penalty moved (advantage 0)."})
+    mappo_loss_averaging: str = field(
+        default="token",
+        metadata={"help": "token (mean over a mini-batch's tokens) or sequence (mean of each "
+                          "sample's token mean)."})
+    mappo_kl_loss_coef: float = field(
+        default=defaults.KL_LOSS_COEF,
+        metadata={"help": "grpo: weight of the k3 KL-to-reference loss term (0: off)."})
+
     # which agents learn (the others still act)
     mappo_agents: str = field(
         default="qr,selector,generator",
@@ -51,7 +86,9 @@ class MappoArguments:
                           "gradient accumulation steps)."},
     )
     mappo_rollout_batch_size: int = field(
-        default=16, metadata={"help": "Questions per batched generate call during rollouts."}
+        default=16, metadata={"help": "Pipelines per batched generate call during rollouts "
+                                      "(a question under ppo; under grpo each of a question's "
+                                      "G rollouts counts, and a call holds whole groups)."}
     )
     mappo_temperature: float = field(default=defaults.ROLLOUT_TEMPERATURE,
                                      metadata={"help": "Sampling temperature."})
@@ -129,6 +166,13 @@ class MappoArguments:
         from mmoa.metrics import get_profile
 
         get_profile(self.mappo_scoring)  # an unknown name fails here, before any model loads
+        for name, choices in (("mappo_algorithm", ALGORITHMS),
+                              ("mappo_grpo_normalise", GROUP_NORMALISATIONS),
+                              ("mappo_grpo_filter", GRPO_FILTERS),
+                              ("mappo_loss_averaging", LOSS_AVERAGING)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
+                                 f"{getattr(self, name)!r}")
         if not 0 < self.mappo_top_p <= 1 or self.mappo_temperature <= 0:
             raise ValueError("mappo_top_p must be in (0, 1] and mappo_temperature > 0")
         self._check_ranges()
@@ -138,7 +182,8 @@ class MappoArguments:
         asked (a negative clip range clips every ratio, gamma 1.5 grows returns geometrically),
         or that fail later with a message naming no key."""
         for name in ("mappo_qr_max_subquestions", "mappo_qr_max_chars",
-                     "mappo_generator_max_words", "mappo_max_nonfinite_steps"):
+                     "mappo_generator_max_words", "mappo_max_nonfinite_steps",
+                     "mappo_group_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.mappo_questions_per_rollout is not None and self.mappo_questions_per_rollout < 0:
@@ -153,13 +198,26 @@ class MappoArguments:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value}")
-        for name in ("mappo_vf_coef", "mappo_init_kl_coef", "mappo_min_kl_coef"):
+        for name in ("mappo_vf_coef", "mappo_init_kl_coef", "mappo_min_kl_coef",
+                     "mappo_kl_loss_coef"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value}")
         for name in ("mappo_gamma", "mappo_lam"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if not self.is_grpo and self.mappo_kl_loss_coef > 0:
+            raise ValueError("mappo_kl_loss_coef is the KL loss of mappo_algorithm: grpo; ppo "
+                             "puts the KL in the reward (mappo_init_kl_coef)")
+
+    @property
+    def is_grpo(self) -> bool:
+        return self.mappo_algorithm == "grpo"
+
+    @property
+    def rollouts_per_question(self) -> int:
+        """Pipelines sampled per question and step: G under grpo, 1 under ppo."""
+        return self.mappo_group_size if self.is_grpo else 1
 
     @property
     def optimized_agents(self) -> tuple[str, ...]:

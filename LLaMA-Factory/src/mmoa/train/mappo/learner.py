@@ -13,6 +13,12 @@ Given samples (prompt ids, response ids, score) from any agents, :class:`PPOLear
    ``ratio_threshold`` (the policy is already far from the one that sampled: trl's rule);
 4. updates the KL controller.
 
+With ``PPOConfig.algorithm = "grpo"`` there is no value head: each sample arrives with its
+group-relative advantage (``Sample.advantage``, set by the rollout), repeated on each of its
+response tokens; nothing is whitened; the loss is the same clipped policy loss plus, with
+``kl_loss_coef > 0``, the k3 KL to the reference as a loss term (the reference log-probs are
+only computed then). One set of maths (:mod:`mmoa.train.mappo.ppo_math`) serves both.
+
 It knows nothing about retrieval, prompts or HF's Trainer, so the learning test drives exactly
 this code on a toy task with a known best answer.
 """
@@ -35,6 +41,7 @@ from mmoa.train.mappo.ppo_math import (
     FixedKLController,
     compute_gae,
     entropy_from_logits,
+    kl_loss,
     logprobs_from_logits,
     masked_mean,
     masked_whiten,
@@ -59,11 +66,12 @@ RATIO = "ratio"
 
 
 class PolicyWithValue(nn.Module):
-    """The shared policy (a causal LM, possibly a PEFT model) and its value head.
+    """The shared policy (a causal LM, possibly a PEFT model) and its value head (``None``
+    under GRPO: no critic is created, trained or saved).
 
-    ``forward`` returns response-aligned log-probs, values and entropies for a
-    :class:`SampleBatch`; the reference log-probs come from the same weights with the adapter
-    disabled (LoRA) or from ``ref_model`` (full fine-tuning).
+    ``forward`` returns response-aligned log-probs, values (``None`` without a value head) and
+    entropies for a :class:`SampleBatch`; the reference log-probs come from the same weights
+    with the adapter disabled (LoRA) or from ``ref_model`` (full fine-tuning).
 
     ``temperature`` is the rollouts' sampling temperature: every log-prob (new, old, reference)
     and the entropy are those of ``softmax(logits / temperature)``, the distribution the tokens
@@ -73,7 +81,7 @@ class PolicyWithValue(nn.Module):
     :mod:`mmoa.train.mappo.trainer`, "behaviour policy").
     """
 
-    def __init__(self, policy: nn.Module, value_head: ValueHead,
+    def __init__(self, policy: nn.Module, value_head: ValueHead | None,
                  ref_model: nn.Module | None = None, temperature: float = 1.0) -> None:
         super().__init__()
         if not temperature > 0:
@@ -110,11 +118,11 @@ class PolicyWithValue(nn.Module):
         return self._ref[0] if self._ref else None
 
     def forward(self, batch: SampleBatch, with_entropy: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         hidden, logits = response_hidden_and_logits(self.policy, batch, self.group_by_length)
         logits = self._scaled(logits)
         logprobs = logprobs_from_logits(logits, batch.response_ids)
-        values = self.v_head(hidden).float()
+        values = self.v_head(hidden).float() if self.v_head is not None else None
         entropy = None
         if with_entropy:  # logged only: no graph over a [B, T, vocab] softmax
             with torch.no_grad():
@@ -222,21 +230,34 @@ class PPOConfig:
     kl_horizon: float = defaults.KL_HORIZON
     min_kl_coef: float = defaults.MIN_KL_COEF
     ratio_threshold: float = defaults.RATIO_THRESHOLD
+    #: "ppo" (value head, GAE) or "grpo" (the samples' group advantages, no critic).
+    algorithm: str = "ppo"
+    #: How the policy (and k3 KL) loss is averaged: "token" or "sequence" (ppo_math).
+    loss_averaging: str = "token"
+    #: grpo: weight of the k3 KL-to-reference loss term; 0 skips the reference pass.
+    kl_loss_coef: float = defaults.KL_LOSS_COEF
+
+    @property
+    def is_grpo(self) -> bool:
+        return self.algorithm == "grpo"
 
 
 @dataclass
 class Rollout:
-    """Tensors of one rollout, row-aligned with its samples."""
+    """Tensors of one rollout, row-aligned with its samples.
+
+    Under GRPO ``values``, ``rewards`` and ``returns`` are ``None`` (no critic, no per-token
+    rewards), and so are ``ref_logprobs`` and ``kl`` when the KL loss is off."""
 
     samples: list[Sample]
     batch: SampleBatch
     old_logprobs: torch.Tensor
-    ref_logprobs: torch.Tensor
-    values: torch.Tensor
-    rewards: torch.Tensor
-    kl: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+    values: torch.Tensor | None
+    rewards: torch.Tensor | None
+    kl: torch.Tensor | None
     advantages: torch.Tensor
-    returns: torch.Tensor
+    returns: torch.Tensor | None
 
 
 class PPOLearner:
@@ -289,8 +310,11 @@ class PPOLearner:
         self.no_sync = no_sync
         #: Samples the last ``prepare`` dropped for an empty response.
         self.dropped_empty = 0
-        if config.adaptive_kl:
-            self.kl_ctl: AdaptiveKLController | FixedKLController = AdaptiveKLController(
+        if config.is_grpo:  # the k3 loss weight: a setting, saved for the record
+            self.kl_ctl: AdaptiveKLController | FixedKLController = FixedKLController(
+                config.kl_loss_coef)
+        elif config.adaptive_kl:
+            self.kl_ctl = AdaptiveKLController(
                 config.init_kl_coef, config.kl_target, config.kl_horizon, config.min_kl_coef)
         else:
             self.kl_ctl = FixedKLController(config.init_kl_coef)
@@ -317,6 +341,10 @@ class PPOLearner:
             raise ValueError(f"all {len(samples)} samples have empty responses")
         self.dropped_empty = len(samples) - len(kept)
         samples = kept
+        grpo = self.config.is_grpo
+        if grpo and any(s.advantage is None for s in samples):
+            raise ValueError("grpo: every sample needs its group advantage (Sample.advantage)")
+        with_ref = not grpo or self.config.kl_loss_coef > 0
         policy = self.unwrap(self.model)
         was_training = policy.training
         policy.eval()
@@ -324,14 +352,25 @@ class PPOLearner:
         for _, batch in self._chunks(samples):
             logprobs, value, _ = policy(batch)
             old.append(logprobs)
-            values.append(value)
-            ref.append(policy.reference_logprobs(batch))
+            if value is not None:
+                values.append(value)
+            if with_ref:
+                ref.append(policy.reference_logprobs(batch))
         policy.train(was_training)
         full = collate(samples, self.pad_id).to(self.device)
-        old_logprobs = _pad_cat(old, full.response_mask.shape[1])
-        ref_logprobs = _pad_cat(ref, full.response_mask.shape[1])
-        value_t = _pad_cat(values, full.response_mask.shape[1])
+        width = full.response_mask.shape[1]
+        old_logprobs = _pad_cat(old, width)
+        ref_logprobs = _pad_cat(ref, width) if with_ref else None
         mask = full.response_mask
+        if grpo:
+            advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32,
+                                      device=self.device)[:, None] * mask
+            kl = None if ref_logprobs is None else \
+                torch.where(mask.bool(), old_logprobs - ref_logprobs, 0.0)
+            return Rollout(list(samples), full, old_logprobs, ref_logprobs, None, None, kl,
+                           advantages, None)
+        assert ref_logprobs is not None
+        value_t = _pad_cat(values, width)
         scores = torch.tensor([s.score for s in samples], dtype=torch.float32,
                               device=self.device)
         rewards, _, kl = token_rewards(scores, old_logprobs, ref_logprobs, mask,
@@ -425,26 +464,42 @@ class PPOLearner:
         index = torch.tensor(indices, device=self.device)
         old = rollout.old_logprobs[index, :width]
         adv = rollout.advantages[index, :width]
-        ret = rollout.returns[index, :width]
-        old_values = rollout.values[index, :width]
         mask = batch.response_mask
         logprobs, values, entropy = self.model(batch, with_entropy=True)
-        pg_loss, pg_stats = policy_loss(logprobs, old, adv, mask, cfg.cliprange)
-        vf_loss, vf_stats = value_loss(values, old_values, ret, mask, cfg.cliprange_value)
-        loss = pg_loss + cfg.vf_coef * vf_loss
+        pg_loss, pg_stats = policy_loss(logprobs, old, adv, mask, cfg.cliprange,
+                                        cfg.loss_averaging)
         step_stats = {
-            "loss": float(loss.detach()),
             "policy_loss": float(pg_loss.detach()),
-            "value_loss": float(vf_loss.detach()),
             "entropy": float(masked_mean(entropy, mask).detach()) if entropy is not None else 0.0,
             **{k: float(v) for k, v in pg_stats.items()},
-            **{k: float(v) for k, v in vf_stats.items()},
         }
+        if cfg.is_grpo:
+            loss = pg_loss
+            if cfg.kl_loss_coef > 0:
+                assert rollout.ref_logprobs is not None
+                term = kl_loss(logprobs, rollout.ref_logprobs[index, :width], mask,
+                               cfg.loss_averaging)
+                loss = loss + cfg.kl_loss_coef * term
+                step_stats["kl_loss"] = float(term.detach())
+        else:
+            assert rollout.returns is not None and rollout.values is not None \
+                and values is not None
+            ret = rollout.returns[index, :width]
+            old_values = rollout.values[index, :width]
+            vf_loss, vf_stats = value_loss(values, old_values, ret, mask, cfg.cliprange_value)
+            loss = pg_loss + cfg.vf_coef * vf_loss
+            step_stats["value_loss"] = float(vf_loss.detach())
+            step_stats.update({k: float(v) for k, v in vf_stats.items()})
+        step_stats["loss"] = float(loss.detach())
         return loss / group_size, step_stats
 
-    def update_kl(self, rollout: Rollout) -> float:
+    def update_kl(self, rollout: Rollout) -> float | None:
         """Feeds the mean per-sample KL over every process's samples, with their total count, to
-        the controller (as TRL does); returns that KL, the same on every process."""
+        the controller (as TRL does); returns that KL, the same on every process. ``None``
+        when the rollout has no reference log-probs (GRPO with the KL loss off): every
+        process then skips the all-reduce alike, as they share the config."""
+        if rollout.ref_logprobs is None:
+            return None
         mask = rollout.batch.response_mask
         kl_per_sample = (per_token_kl(rollout.old_logprobs, rollout.ref_logprobs) * mask).sum(1)
         totals = self.all_reduce(torch.stack([kl_per_sample.sum().double(),
@@ -522,11 +577,15 @@ def rollout_diagnostics(rollout: Rollout) -> dict[str, float]:
 def nothing_to_learn(rollout: Rollout, stats: dict[str, float]) -> str | None:
     """Why a step could not change the policy, in words, or ``None``."""
     scores = {s.score for s in rollout.samples}
+    advantages = {s.advantage for s in rollout.samples}
     if stats.get("ratio_skips", 0.0) + stats.get("skipped_updates", 0.0) >= stats["updates"]:
         return "every mini-batch update was skipped"
     if stats.get("grad_norm") == 0.0:
         return "the gradient is zero"
-    if len(scores) == 1:
+    if advantages == {0.0}:
+        return (f"all {len(rollout.samples)} samples have a group advantage of 0 (every group's "
+                "rewards were equal and no penalty fired)")
+    if None in advantages and len(scores) == 1:
         return (f"all {len(rollout.samples)} samples scored {scores.pop():.3g}, so the answer "
                 "reward cannot tell good outputs from bad ones")
     return None

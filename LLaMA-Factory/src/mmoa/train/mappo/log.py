@@ -36,6 +36,9 @@ def step_summary(step: int, total: int, logs: Mapping[str, float]) -> str:
              f"loss {num('loss', 4)}", f"approx_kl {num('approx_kl', 4)}"]
     if penalties:
         parts.append(f"penalty rate {penalties}")
+    if "grpo/zero_variance_groups" in logs:  # grpo: groups whose rollouts all scored the same
+        parts.append(f"zero-variance groups {logs['grpo/zero_variance_groups']:g}/"
+                     f"{logs.get('grpo/groups', 0):g}")
     if "time/step" in logs:
         parts.append(f"{logs['time/step']:.1f} s")
     return f"[mappo] step {step}/{total}: " + ", ".join(parts)

@@ -42,14 +42,21 @@ import torch
 from mmoa import defaults
 
 __all__ = [
+    "GROUP_NORMALISATIONS",
+    "GROUP_STD_EPS",
     "KL_KINDS",
+    "LOSS_AVERAGING",
     "AdaptiveKLController",
     "FixedKLController",
     "KLController",
     "KLKind",
     "compute_gae",
     "entropy_from_logits",
+    "group_relative_advantages",
+    "grpo_advantages",
+    "kl_loss",
     "logprobs_from_logits",
+    "masked_average",
     "masked_mean",
     "masked_var",
     "masked_whiten",
@@ -57,6 +64,7 @@ __all__ = [
     "policy_loss",
     "token_rewards",
     "value_loss",
+    "zero_variance_groups",
 ]
 
 #: Added to the variance before the inverse square root in :func:`masked_whiten` (as trl).
@@ -64,6 +72,17 @@ WHITEN_EPS = 1e-8
 
 KLKind = Literal["kl", "abs", "mse", "low_var_kl"]
 KL_KINDS: tuple[str, ...] = ("kl", "abs", "mse", "low_var_kl")
+
+#: How a loss is averaged over a mini-batch: over all its tokens (every token weighs the same;
+#: trl's PPO, DAPO) or per sequence first, then over sequences (the GRPO paper).
+LossAveraging = Literal["token", "sequence"]
+LOSS_AVERAGING: tuple[str, ...] = ("token", "sequence")
+
+#: GRPO's group normalisation: ``(r - mean) / (std + eps)`` or, Dr. GRPO, ``r - mean``.
+GroupNormalisation = Literal["mean_std", "mean"]
+GROUP_NORMALISATIONS: tuple[str, ...] = ("mean_std", "mean")
+#: Added to the group's standard deviation (as trl's GRPOTrainer).
+GROUP_STD_EPS = 1e-4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,6 +139,23 @@ def masked_mean(
     if dim is None:
         return total.sum() / count.sum()
     return total.sum(dim=dim) / count.sum(dim=dim)
+
+
+def masked_average(x: torch.Tensor, mask: torch.Tensor,
+                   averaging: LossAveraging | str = "token") -> torch.Tensor:
+    """A loss's mean over a mini-batch: ``"token"`` is :func:`masked_mean` over every masked
+    element (a long response weighs more, token by token); ``"sequence"`` is the mean over rows
+    of each row's own masked mean (every sample weighs the same, whatever its length). A row
+    with no masked element is left out of the ``"sequence"`` mean (its own mean is 0/0)."""
+    if averaging == "token":
+        return masked_mean(x, mask)
+    if averaging != "sequence":
+        raise ValueError(f"unknown loss averaging {averaging!r}; expected one of "
+                         f"{list(LOSS_AVERAGING)}")
+    m = _bool_mask(x, mask)
+    rows = m.any(dim=1)
+    per_row = masked_mean(x[rows], m[rows], dim=1)
+    return per_row.mean()
 
 
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
@@ -367,11 +403,15 @@ def policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     cliprange: float,
+    averaging: LossAveraging | str = "token",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO clipped surrogate loss over the masked tokens of a mini-batch.
 
     ``ratio = exp(logp - old_logp)``; per token ``max(-A * ratio, -A * clip(ratio, 1 - c, 1 + c))``
-    (the pessimistic of the two objectives), averaged over all masked tokens of the mini-batch.
+    (the pessimistic of the two objectives), averaged by :func:`masked_average`: over all masked
+    tokens of the mini-batch (``averaging="token"``, trl's PPO) or per sequence, then over
+    sequences (``"sequence"``, the GRPO paper). Both PPO (GAE advantages) and GRPO (one group
+    advantage repeated on every token of a sample) use this one loss.
     ``logprobs`` carry the gradient; ``old_logprobs`` (rollout) and ``advantages`` (whitened) are
     constants and are detached here.
 
@@ -387,7 +427,7 @@ def policy_loss(
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = masked_mean(torch.maximum(unclipped, clipped), m)
+    loss = masked_average(torch.maximum(unclipped, clipped), m, averaging)
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean((clipped > unclipped).to(logprobs.dtype), m),
@@ -396,6 +436,102 @@ def policy_loss(
             "ratio_mean": masked_mean(ratio, m),
         }
     return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def kl_loss(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    averaging: LossAveraging | str = "token",
+) -> torch.Tensor:
+    """The KL to the reference as a loss term (GRPO): the k3 estimator of :func:`per_token_kl`
+    (``low_var_kl``, ``exp(ref - logp) - (ref - logp) - 1``, >= 0, unbiased for KL(pi||ref)
+    under samples of pi), averaged as the policy loss is. ``logprobs`` carry the gradient;
+    ``ref_logprobs`` are constants. Both are set to 0 at padded positions (k3 = 0 there) before
+    the exponential, so whatever padding holds cannot leak an ``inf`` or ``nan`` into the loss
+    or its gradient."""
+    m = _bool_mask(logprobs, mask, "logprobs")
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    current = torch.where(m, logprobs, zero)
+    ref = torch.where(m, ref_logprobs.detach().to(logprobs.dtype), zero)
+    return masked_average(per_token_kl(current, ref, "low_var_kl"), m, averaging)
+
+
+# ---------------------------------------------------------------------------------------------
+# GRPO: group-relative advantages (rollout time: no gradients)
+# ---------------------------------------------------------------------------------------------
+
+
+def _group_rewards(rewards: torch.Tensor | Sequence[Sequence[float]]) -> torch.Tensor:
+    r = torch.as_tensor(rewards, dtype=torch.float64)
+    if r.dim() != 2 or r.shape[1] < 1:
+        raise ValueError(f"group rewards must be [questions, group_size] with group_size >= 1, "
+                         f"got shape {tuple(r.shape)}")
+    if not bool(torch.isfinite(r).all()):
+        raise ValueError("group rewards must be finite")
+    return r
+
+
+@torch.no_grad()
+def group_relative_advantages(
+    rewards: torch.Tensor | Sequence[Sequence[float]],
+    normalise: GroupNormalisation | str = "mean_std",
+    eps: float = GROUP_STD_EPS,
+) -> torch.Tensor:
+    """GRPO's advantage of each rollout relative to the other rollouts of its question.
+
+    ``rewards``: ``[Q, G]``, row ``q`` the rewards of question ``q``'s ``G`` rollouts. Returns
+    ``[Q, G]`` (float64): ``r - mean_q`` (``normalise="mean"``, Dr. GRPO) or
+    ``(r - mean_q) / (std_q + eps)`` (``"mean_std"``, the GRPO paper), with ``std_q`` the
+    sample standard deviation (``n - 1``, as trl's GRPOTrainer and DeepSeekMath). A group of
+    one (``G = 1``) has no spread: its advantage is 0 under both. A group whose rewards are all
+    equal gets 0 everywhere (see :func:`zero_variance_groups`).
+    """
+    r = _group_rewards(rewards)
+    if normalise not in GROUP_NORMALISATIONS:
+        raise ValueError(f"unknown group normalisation {normalise!r}; expected one of "
+                         f"{list(GROUP_NORMALISATIONS)}")
+    centred = r - r.mean(dim=1, keepdim=True)
+    if normalise == "mean" or r.shape[1] == 1:
+        return centred
+    return centred / (r.std(dim=1, keepdim=True) + eps)
+
+
+@torch.no_grad()
+def zero_variance_groups(rewards: torch.Tensor | Sequence[Sequence[float]]) -> torch.Tensor:
+    """``[Q]`` bool: the questions whose ``G`` rollouts all got the same reward (all right or
+    all wrong): their group-relative advantage is 0, so they carry no signal."""
+    r = _group_rewards(rewards)
+    return r.amax(dim=1) == r.amin(dim=1)
+
+
+@torch.no_grad()
+def grpo_advantages(
+    shared: torch.Tensor | Sequence[Sequence[float]],
+    penalties: torch.Tensor | Sequence[Sequence[Sequence[float]]],
+    normalise: GroupNormalisation | str = "mean_std",
+) -> torch.Tensor:
+    """Each agent's GRPO advantage in a multi-agent group: the group-normalised SHARED reward
+    of its pipeline plus that agent's OWN penalty, as is.
+
+    ``shared``: ``[Q, G]``, the answer reward of each of a question's ``G`` pipelines (every
+    agent of a pipeline shares it). ``penalties``: ``[Q, G, A]``, agent ``a``'s penalty (<= 0)
+    in pipeline ``g``. Returns ``[Q, G, A]``:
+    ``A[q, g, a] = group_relative_advantages(shared)[q, g] + penalties[q, g, a]``.
+
+    Why the penalty is added after the normalisation and not normalised with the reward: it is
+    the agent's own format signal, not a share of the team's result, so it should not move the
+    other agents' baselines, and it keeps its configured size (a malformed Selector output costs
+    ``mappo_selector_penalty`` in advantage units whatever the group's spread); a group in
+    which every rollout broke its format still pushes those outputs down, where a normalised
+    penalty would cancel out.
+    """
+    base = group_relative_advantages(shared, normalise)
+    p = torch.as_tensor(penalties, dtype=torch.float64)
+    if p.dim() != 3 or p.shape[:2] != base.shape:
+        raise ValueError(f"penalties must be [questions, group_size, agents] = "
+                         f"[{base.shape[0]}, {base.shape[1]}, A], got shape {tuple(p.shape)}")
+    return base.unsqueeze(-1) + p
 
 
 def value_loss(

@@ -1,8 +1,9 @@
 """PPO samples of all optimised agents, pooled, and their batched tensors.
 
 Every agent call of a rollout becomes one sample: the agent's prompt ids, its response ids and
-its scalar score (shared answer reward + that agent's penalty). Samples of different agents are
-pooled into one batch, as parameter sharing means one policy learns from all of them.
+its scalar score (shared answer reward + that agent's penalty), and under GRPO its advantage.
+Samples of different agents are pooled into one batch, as parameter sharing means one policy
+learns from all of them.
 
 For the forward passes a sample is laid out as ``prompt + response``, right-padded. The response
 token ``t`` is predicted from position ``len(prompt) + t - 1``, and the value of the state before
@@ -27,6 +28,10 @@ class Sample:
     #: Log-probs of the response tokens under the distribution they were sampled from (only when
     #: the rollout recorded them; see :func:`mmoa.train.mappo.learner.behaviour_ratio_stats`).
     sampling_logprobs: list[float] | None = None
+    #: GRPO only: the sample's advantage, set at rollout time from its group
+    #: (:func:`mmoa.train.mappo.ppo_math.grpo_advantages`) and repeated on every response
+    #: token; ``None`` under PPO, whose advantages come from the value head and GAE.
+    advantage: float | None = None
 
 
 @dataclass

@@ -10,6 +10,10 @@ with the trl it installs):
               -> rewards (shared answer F1 + per-agent penalties)
               -> PPO update of the shared policy and value head on the pooled agent samples
 
+With ``mappo_algorithm: grpo`` each question is rolled out ``mappo_group_size`` times in the
+same batched pipeline, every agent sample gets its advantage relative to its question's group
+(:mod:`mmoa.train.mappo.grpo`), and the update has no value head (none is created or saved).
+
 Checkpoints hold everything needed to continue bit-for-bit: weights (adapter or full), value
 head, optimiser, scheduler, KL controller, RNG states and the data position, and last a
 manifest of every file's sha256 (``checkpoint_files``), checked before a resume.
@@ -50,6 +54,7 @@ from mmoa.data.records import QARecord
 from mmoa.fileio import atomic_dir, atomic_write_json
 from mmoa.train.mappo.args import MappoArguments
 from mmoa.train.mappo.checkpoint_files import CHECKPOINT_PREFIX, CheckpointError, write_manifest
+from mmoa.train.mappo.grpo import PipelineOutcome, group_samples
 from mmoa.train.mappo.learner import (
     PolicyWithValue,
     PPOConfig,
@@ -137,8 +142,15 @@ class MappoTrainer(Trainer):
             generator_penalty=mappo_args.mappo_generator_penalty,
             generator_max_words=mappo_args.mappo_generator_max_words,
         )
-        self.questions_per_step = mappo_args.mappo_questions_per_rollout or (
-            args.per_device_train_batch_size * args.gradient_accumulation_steps)
+        self.questions_per_step = mappo_args.mappo_questions_per_rollout or max(
+            1, args.per_device_train_batch_size * args.gradient_accumulation_steps
+            // mappo_args.rollouts_per_question)
+        if mappo_args.is_grpo and mappo_args.mappo_grpo_filter == "skip" \
+                and args.world_size > 1:
+            raise ValueError(
+                "mappo_grpo_filter: skip leaves a different number of samples on each process, "
+                "and DDP/DeepSpeed need the same number of updates on every one: use "
+                "mappo_grpo_filter: none with several processes")
         global_batch = self.questions_per_step * args.world_size
         if args.max_steps and args.max_steps > 0:
             self.total_steps = int(args.max_steps)
@@ -166,6 +178,9 @@ class MappoTrainer(Trainer):
             kl_horizon=mappo_args.mappo_kl_horizon,
             min_kl_coef=mappo_args.mappo_min_kl_coef,
             ratio_threshold=mappo_args.mappo_ratio_threshold,
+            algorithm=mappo_args.mappo_algorithm,
+            loss_averaging=mappo_args.mappo_loss_averaging,
+            kl_loss_coef=mappo_args.mappo_kl_loss_coef,
         )
         self._stop = StopRequest()
         self._nonfinite_in_a_row = 0
@@ -198,6 +213,8 @@ class MappoTrainer(Trainer):
     # -- rollout and rewards -------------------------------------------------------------------
 
     def rollout(self, records: Sequence[QARecord]) -> tuple[list[Trace], dict[str, float]]:
+        """The step's traces, ``rollouts_per_question`` per record (a record's next to each
+        other), and the seconds spent per stage."""
         # Under ZeRO-3 every process holds a slice of the weights: generation runs on the
         # gathered full weights (trl's helper), as in trl's own online trainers.
         from trl.models.utils import unwrap_model_for_generation
@@ -217,22 +234,26 @@ class MappoTrainer(Trainer):
             record_logprobs=self.mappo_args.mappo_log_behaviour_ratio,
             max_subquestions=self.mappo_args.mappo_qr_max_subquestions,
         )
+        # One run for the whole step: generate calls of at most mappo_rollout_batch_size
+        # pipelines each, and ONE retrieval call for every sub-question of the step.
         pipeline = RagPipeline(policy, self.processing_class, self.renderer, self.retriever,
-                               mode="qr_s_g", k=self.mappo_args.mappo_top_k, settings=settings)
-        traces: list[Trace] = []
-        timings: dict[str, float] = defaultdict(float)
-        size = self.mappo_args.mappo_rollout_batch_size
-        for offset in range(0, len(records), size):
-            traces.extend(pipeline.run([r.question for r in records[offset: offset + size]]))
-            for key, seconds in pipeline.last_timings.as_dict().items():
-                timings[key] += seconds
-        return traces, dict(timings)
+                               mode="qr_s_g", k=self.mappo_args.mappo_top_k, settings=settings,
+                               batch_size=self.mappo_args.mappo_rollout_batch_size)
+        traces = pipeline.run([r.question for r in records],
+                              group_size=self.mappo_args.rollouts_per_question)
+        return traces, pipeline.last_timings.as_dict()
 
     def make_samples(self, records: Sequence[QARecord], traces: Sequence[Trace]
                      ) -> tuple[list[Sample], dict[str, float]]:
+        """Scores every trace and makes one sample per optimised agent and trace: under ppo
+        with its score (GAE turns it into advantages), under grpo with its group advantage."""
         samples: list[Sample] = []
+        outcomes: list[PipelineOutcome] = []
         logs: dict[str, list[float]] = defaultdict(list)
-        for record, trace in zip(records, traces, strict=True):
+        copies = self.mappo_args.rollouts_per_question
+        repeated = [record for record in records for _ in range(copies)]
+        agents = self.mappo_args.optimized_agents
+        for record, trace in zip(repeated, traces, strict=True):
             if trace.qr_parse is None or trace.selection_parse is None \
                     or trace.answer_parse is None:
                 raise RuntimeError(f"the qr_s_g rollout of {record.id!r} has an agent without a "
@@ -249,12 +270,25 @@ class MappoTrainer(Trainer):
                 logs[f"response_length/{agent}"].append(len(trace.calls[agent].response_ids))
             logs["num_subquestions"].append(len(trace.subquestions))
             logs["num_selected"].append(len(trace.selected))
-            for agent in self.mappo_args.optimized_agents:
+            if self.mappo_args.is_grpo:
+                outcomes.append(PipelineOutcome(
+                    calls={a: (trace.calls[a].prompt_ids, trace.calls[a].response_ids,
+                               trace.calls[a].sampling_logprobs) for a in agents},
+                    shared=rewards.shared,
+                    penalties={a: rewards.penalty(a) for a in agents}))
+                continue
+            for agent in agents:
                 call = trace.calls[agent]
                 samples.append(Sample(agent, call.prompt_ids, call.response_ids,
                                       rewards.totals[agent], call.sampling_logprobs))
         summary = {k: float(np.mean(v)) for k, v in logs.items()}
-        summary["reward"] = float(np.mean([s.score for s in samples])) if samples else 0.0
+        if self.mappo_args.is_grpo:
+            samples, group_logs = group_samples(
+                outcomes, copies, agents, self.mappo_args.mappo_grpo_normalise,
+                self.mappo_args.mappo_grpo_filter)
+            summary.update(group_logs)
+        # the mean score of every optimised agent's call, kept or filtered alike
+        summary["reward"] = float(np.mean([logs[f"reward/{a}"] for a in agents]))
         return samples, summary
 
     # -- the loop ------------------------------------------------------------------------------
@@ -393,6 +427,16 @@ class MappoTrainer(Trainer):
                 self.state.global_step)) from failure
         t1 = time.perf_counter()
         samples, logs = self.make_samples(records, traces)
+        if logs.get("grpo/skipped_samples") and not any(s.response_ids for s in samples):
+            # mappo_grpo_filter: skip left nothing (one process only: refused with several)
+            mappo_logger().warning(f"[mappo] step {step + 1}: every group's rewards were equal "
+                                   "and no penalty fired: no update (mappo_grpo_filter: skip)")
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+            logs.update({"updates": 0.0, "kl_coef": float(learner.kl_ctl.value),
+                         "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
+                         **self._time_logs(timings, t0, t1, t1, time.perf_counter())})
+            return {k: round(v, 6) if isinstance(v, float) else v for k, v in logs.items()}
         if self._any_process(not any(s.response_ids for s in samples)):
             # decided together: one process updating alone would wait in the all-reduce
             raise TrainingStopped(
@@ -429,30 +473,37 @@ class MappoTrainer(Trainer):
                     f"resume_from_checkpoint={checkpoint})")
         else:
             self._nonfinite_in_a_row = 0
-        generate = timings.get("qr", 0.0) + timings.get("selector", 0.0) \
-            + timings.get("generator", 0.0)
+        losses = ("loss", "policy_loss", "entropy", "clipfrac", "approx_kl", "grad_norm")
+        if not self.mappo_args.is_grpo:
+            losses += ("value_loss",)
+        elif self.mappo_args.mappo_kl_loss_coef > 0:
+            losses += ("kl_loss",)
+        logs.update({key: stats.get(key, float("nan")) for key in losses})
+        if kl is not None:  # grpo with the KL loss off computes no reference log-probs
+            logs["kl"] = kl
         logs.update({
-            "loss": stats.get("loss", float("nan")),
-            "policy_loss": stats.get("policy_loss", float("nan")),
-            "value_loss": stats.get("value_loss", float("nan")),
-            "entropy": stats.get("entropy", float("nan")),
-            "clipfrac": stats.get("clipfrac", float("nan")),
-            "approx_kl": stats.get("approx_kl", float("nan")),
-            "grad_norm": stats.get("grad_norm", float("nan")),
             "ratio_skips": stats.get("ratio_skips", 0.0),
             "dropped_empty": float(learner.dropped_empty),
-            "kl": kl,
             "kl_coef": float(learner.kl_ctl.value),
             "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
-            "time/generate": generate,
+            **self._time_logs(timings, t0, t1, t2, t3),
+        })
+        logs = self._mean_over_processes(logs)
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in logs.items()}
+
+    @staticmethod
+    def _time_logs(timings: dict[str, float], t0: float, t1: float, t2: float, t3: float
+                   ) -> dict[str, float]:
+        """Seconds of the step: rollout ``t0..t1`` (generate and retrieve within it), scoring
+        ``t1..t2``, update ``t2..t3``."""
+        return {
+            "time/generate": sum(timings.get(k, 0.0) for k in ("qr", "selector", "generator")),
             "time/retrieve": timings.get("retrieve", 0.0),
             "time/score": t2 - t1,
             "time/update": t3 - t2,
             "time/rollout": t1 - t0,
             "time/step": t3 - t0,
-        })
-        logs = self._mean_over_processes(logs)
-        return {k: round(v, 6) if isinstance(v, float) else v for k, v in logs.items()}
+        }
 
     def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """The sum of ``tensor`` over every process (the learner's agreed decisions use it too)."""
@@ -497,7 +548,7 @@ class MappoTrainer(Trainer):
     # -- checkpoints ---------------------------------------------------------------------------
 
     def save_policy(self, folder: Path) -> None:
-        """Adapter (LoRA) or full weights, the value head and the tokenizer.
+        """Adapter (LoRA) or full weights, the value head (ppo only) and the tokenizer.
 
         Every process must call it: under ZeRO-3 the weights are gathered from all of them;
         the main process writes."""
@@ -514,7 +565,8 @@ class MappoTrainer(Trainer):
         unwrapped: PolicyWithValue = self.accelerator.unwrap_model(self.model)
         if state is None:
             unwrapped.policy.save_pretrained(folder, safe_serialization=True)
-            unwrapped.v_head.save(folder)
+            if unwrapped.v_head is not None:
+                unwrapped.v_head.save(folder)
         else:
             def part(prefix: str) -> dict[str, Any]:
                 return {k.removeprefix(prefix): v for k, v in state.items()
@@ -522,7 +574,8 @@ class MappoTrainer(Trainer):
 
             unwrapped.policy.save_pretrained(folder, state_dict=part("policy."),
                                              safe_serialization=True)
-            unwrapped.v_head.save(folder, state_dict=part("v_head."))
+            if unwrapped.v_head is not None:
+                unwrapped.v_head.save(folder, state_dict=part("v_head."))
         self.processing_class.save_pretrained(folder)
 
     def save_mappo_checkpoint(self, learner: PPOLearner) -> Path:
@@ -560,6 +613,8 @@ class MappoTrainer(Trainer):
                     "nonfinite_in_a_row": self._nonfinite_in_a_row,
                     "questions_per_step": self.questions_per_step,
                     "world_size": self.args.world_size,
+                    "algorithm": self.mappo_args.mappo_algorithm,
+                    "group_size": self.mappo_args.rollouts_per_question,
                 })
                 if distributed:
                     for part in staging.iterdir():
@@ -604,6 +659,12 @@ class MappoTrainer(Trainer):
         with _reading(path, STATE_FILE):
             saved = json.loads(state_file.read_text(encoding="utf-8"))
             questions, world = saved["questions_per_step"], saved["world_size"]
+            algorithm = saved.get("algorithm", "ppo")  # checkpoints from before grpo: ppo
+        if algorithm != self.mappo_args.mappo_algorithm:
+            raise ValueError(
+                f"{path}: saved by mappo_algorithm: {algorithm} but this run uses "
+                f"{self.mappo_args.mappo_algorithm} (only ppo has a value head); resume with "
+                f"mappo_algorithm: {algorithm}")
         if questions != self.questions_per_step or world != self.args.world_size:
             raise ValueError(
                 f"{path}: saved with {questions} questions per step on {world} processes; this "
@@ -613,7 +674,8 @@ class MappoTrainer(Trainer):
             if not (path / DEEPSPEED_DIR).is_dir():
                 raise FileNotFoundError(f"{path}: saved without DeepSpeed (no {DEEPSPEED_DIR}/); "
                                         "resume it without `deepspeed`")
-            # weights (policy + value head) and this process's optimiser partition
+            # weights (policy, and the value head under ppo) and this process's
+            # optimiser partition
             with _reading(path, f"{DEEPSPEED_DIR}/"):
                 self.model_wrapped.load_checkpoint(str(path / DEEPSPEED_DIR), tag=DEEPSPEED_TAG,
                                                    load_optimizer_states=True,
@@ -627,8 +689,9 @@ class MappoTrainer(Trainer):
                 if (path / "adapter_model.safetensors").is_file() else "model.safetensors"
             with _reading(path, weights):
                 load_policy_weights(unwrapped.policy, path)
-            with _reading(path, "value_head.safetensors"):
-                unwrapped.v_head.load(path)
+            if unwrapped.v_head is not None:  # grpo: none was created or saved
+                with _reading(path, "value_head.safetensors"):
+                    unwrapped.v_head.load(path)
             with _reading(path, OPTIMIZER_FILE):
                 self.optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE,
                                                           weights_only=False))

@@ -19,6 +19,8 @@ from mmoa.train.mappo.args import MappoArguments, split_mappo_args
 from mmoa.train.mappo.log import in_web_ui, mappo_logger
 
 PLOT_KEYS = ["loss", "reward", "answer_f1", "kl", "kl_coef", "value_loss"]
+#: GRPO has no value head and no adaptive KL coefficient; it logs its groups instead.
+GRPO_PLOT_KEYS = ["loss", "reward", "answer_f1", "kl", "kl_loss", "grpo/zero_variance_fraction"]
 #: LLaMA-Factory's per-step log (``extras.constants.TRAINER_LOG``), which the web UI reads.
 TRAINER_LOG_FILE = "trainer_log.jsonl"
 
@@ -136,7 +138,8 @@ def run_mappo(config: dict[str, Any], callbacks: list[Any] | None = None) -> Non
     if trainer.is_world_process_zero():
         trainer.state.save_to_json(str(output / "trainer_state.json"))
         if finetuning_args.plot_loss:
-            plot_loss(str(output), keys=PLOT_KEYS)
+            grpo = trainer.mappo_args.is_grpo
+            plot_loss(str(output), keys=GRPO_PLOT_KEYS if grpo else PLOT_KEYS)
 
 
 def logged_steps_until(output_dir: str | None, checkpoint: str | None) -> str | None:
@@ -181,6 +184,9 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
 
         transformers.utils.logging.set_verbosity_warning()
     check_training_setup(model_args, training_args, finetuning_args)
+    if mappo_args.is_grpo and finetuning_args.ppo_whiten_rewards:
+        raise ValueError("ppo_whiten_rewards whitens PPO's per-token rewards; "
+                         "mappo_algorithm: grpo has none (its advantages are group-normalised)")
     if not data_args.dataset:
         raise ValueError("the mappo stage needs `dataset` (a MAPPO prompt set)")
     records = load_mappo_records(",".join(data_args.dataset), data_args.dataset_dir,
@@ -192,15 +198,18 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
     tokenizer = load_tokenizer(model_args)["tokenizer"]
     tokenizer.padding_side = "left"
     policy = load_model(tokenizer, model_args, finetuning_args, is_trainable=True)
-    hidden = policy.config.get_text_config().hidden_size
-    value_head = ValueHead(hidden).to(device=next(policy.parameters()).device)
+    value_head = None
+    if not mappo_args.is_grpo:  # grpo: no critic is created, loaded or saved
+        hidden = policy.config.get_text_config().hidden_size
+        value_head = ValueHead(hidden).to(device=next(policy.parameters()).device)
     ref_model = None
-    if finetuning_args.finetuning_type != "lora":
+    needs_reference = not mappo_args.is_grpo or mappo_args.mappo_kl_loss_coef > 0
+    if finetuning_args.finetuning_type != "lora" and needs_reference:
         ref_model = create_ref_model(model_args, finetuning_args, add_valuehead=False)
         if ref_model is None:  # no `ref_model` given: a frozen copy of the starting weights
             ref_model = load_model(tokenizer, model_args, finetuning_args, is_trainable=False)
         ref_model.requires_grad_(False).eval()
-    if model_args.adapter_name_or_path and (
+    if value_head is not None and model_args.adapter_name_or_path and (
             Path(model_args.adapter_name_or_path[0]) / "value_head.safetensors").is_file():
         value_head.load(model_args.adapter_name_or_path[0])
     model = PolicyWithValue(policy, value_head, ref_model,

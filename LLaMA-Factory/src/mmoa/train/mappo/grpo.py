@@ -1,0 +1,83 @@
+"""GRPO samples: a question's G pipelines become one group, and every agent sample of them gets
+its advantage relative to that group.
+
+The trainer rolls out each question ``G`` times (``mappo_group_size``), scores every pipeline
+(the shared answer reward and each agent's own penalty, :mod:`mmoa.train.mappo.rewards`) and hands
+the scores here. The advantage formula itself is :func:`mmoa.train.mappo.ppo_math.grpo_advantages`
+(the group-normalised shared reward plus the agent's own penalty); this module only arranges
+the pipelines into ``[questions, G]`` groups, applies ``mappo_grpo_filter`` and counts the groups
+that carry no signal, which is why it is separate from the maths and from the trainer.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mmoa.train.mappo.ppo_math import grpo_advantages, zero_variance_groups
+from mmoa.train.mappo.samples import Sample
+
+
+@dataclass(frozen=True)
+class PipelineOutcome:
+    """One pipeline of a group: the optimised agents' calls and the pipeline's scores."""
+
+    #: ``agent -> (prompt ids, response ids, sampling log-probs or None)``
+    calls: dict[str, tuple[list[int], list[int], list[float] | None]]
+    shared: float
+    #: ``agent -> penalty`` (<= 0), for every optimised agent
+    penalties: dict[str, float]
+
+
+def group_samples(outcomes: Sequence[PipelineOutcome], group_size: int,
+                  agents: Sequence[str], normalise: str = "mean_std",
+                  filter_mode: str = "none") -> tuple[list[Sample], dict[str, float]]:
+    """The GRPO samples of a step and its group statistics.
+
+    ``outcomes`` are ordered question by question, the ``group_size`` pipelines of a question
+    next to each other (as :meth:`mmoa.agents.pipeline.RagPipeline.run` returns them with
+    ``group_size``). Every optimised agent of every pipeline becomes one :class:`Sample` with
+    ``score = shared + penalty`` (logged as the reward) and
+    ``advantage = grpo_advantages(shared, penalties)`` of its pipeline and agent.
+
+    ``filter_mode="skip"`` leaves out the samples of the zero-variance groups (all ``G`` shared
+    rewards equal) whose advantage is exactly 0, i.e. those whose own penalty did not fire:
+    they would only dilute the mini-batches' averages and cost a forward and backward pass.
+    A penalised sample of such a group is kept, as its penalty is a signal of its own.
+
+    Logs: ``grpo/groups``, ``grpo/zero_variance_groups`` (count on this process),
+    ``grpo/zero_variance_fraction``, ``grpo/reward_std`` (the mean over groups of the shared
+    reward's population standard deviation within the group) and ``grpo/skipped_samples``.
+    """
+    if group_size < 1 or len(outcomes) % group_size:
+        raise ValueError(f"{len(outcomes)} pipelines do not make groups of {group_size}")
+    if filter_mode not in ("none", "skip"):
+        raise ValueError(f"unknown mappo_grpo_filter {filter_mode!r}; expected none or skip")
+    groups = [outcomes[i: i + group_size] for i in range(0, len(outcomes), group_size)]
+    shared = [[o.shared for o in group] for group in groups]
+    penalties = [[[o.penalties[a] for a in agents] for o in group] for group in groups]
+    advantages = grpo_advantages(shared, penalties, normalise)
+    flat = zero_variance_groups(shared)
+    samples: list[Sample] = []
+    skipped = 0
+    for q, group in enumerate(groups):
+        for g, outcome in enumerate(group):
+            for a, agent in enumerate(agents):
+                advantage = float(advantages[q, g, a])
+                if filter_mode == "skip" and bool(flat[q]) and advantage == 0.0:
+                    skipped += 1
+                    continue
+                prompt_ids, response_ids, sampled = outcome.calls[agent]
+                samples.append(Sample(agent, prompt_ids, response_ids,
+                                      outcome.shared + outcome.penalties[agent], sampled,
+                                      advantage=advantage))
+    stds = [statistics.pstdev(row) for row in shared]
+    logs = {
+        "grpo/groups": float(len(groups)),
+        "grpo/zero_variance_groups": float(flat.sum()),
+        "grpo/zero_variance_fraction": float(flat.double().mean()) if groups else 0.0,
+        "grpo/reward_std": float(sum(stds) / len(stds)) if stds else 0.0,
+        "grpo/skipped_samples": float(skipped),
+    }
+    return samples, logs
