@@ -71,7 +71,16 @@ MODELS = {
              "LLaMA-Factory/examples/demo/tiny_full_sft.yaml",
              "LLaMA-Factory/examples/demo/tiny_full_mappo.yaml"),
 }
+#: The GRPO config of each model (``--algorithm grpo``): its MAPPO config with
+#: ``mappo_algorithm: grpo``, 4 questions x group size 4 = the same 16 pipelines a step.
+GRPO_CONFIGS = {"smollm2": "LLaMA-Factory/examples/demo/smollm2_full_grpo.yaml",
+                "tiny": "LLaMA-Factory/examples/demo/tiny_full_grpo.yaml"}
 RESULT = "result.json"
+
+
+def rl_config(args: argparse.Namespace) -> str:
+    """The config of the RL runs: the model's MAPPO config, or its GRPO one."""
+    return GRPO_CONFIGS[args.model] if args.algorithm == "grpo" else MODELS[args.model][3]
 #: Seeds the target is judged on ("MAPPO above the warm start in 3 of 3 seeds").
 TARGET_SEEDS = 3
 
@@ -106,11 +115,11 @@ def _rollout_limits(mappo_config: str) -> list[str]:
 
 
 def _evaluate(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    _, template, _, mappo_config = MODELS[args.model]
+    template = MODELS[args.model][1]
     command = [sys.executable, "evaluate/evaluate_qr_s_g.py", "--model_name_or_path", str(model),
                "--template", template, "--data_file", args.eval_file, "--mode", "qr_s_g",
                "--k", str(args.k), "--retriever_url", args.eval_retriever_url or args.retriever_url,
-               "--precision", args.precision, *_rollout_limits(mappo_config),
+               "--precision", args.precision, *_rollout_limits(rl_config(args)),
                "--output_dir", str(out)]
     if args.max_eval:
         command += ["--max_samples", str(args.max_eval)]
@@ -148,15 +157,17 @@ def warm_start_ref(sft: dict[str, Any]) -> dict[str, Any]:
 def load_previous(path: str | None, args: argparse.Namespace | None = None
                   ) -> dict[str, Any] | None:
     """The earlier JSON whose runs are carried over; refused when it scored another question
-    set (its figures would be paired with questions this invocation does not evaluate)."""
+    set (its figures would be paired with questions this invocation does not evaluate) or
+    trained other runs (another algorithm, other agents)."""
     if not path or not Path(path).is_file():
         return None
     previous = json.loads(Path(path).read_text())
     if args is not None:
-        config = previous.get("config", {})
-        for key in ("eval_file", "max_eval"):
+        config = {"algorithm": "ppo", "agents": ",".join(AGENTS),  # before those options
+                  **previous.get("config", {})}
+        for key in ("eval_file", "max_eval", "algorithm", "agents"):
             if config.get(key) != getattr(args, key):
-                raise SystemExit(f"{path} was evaluated with {key}={config.get(key)!r}, this run "
+                raise SystemExit(f"{path} was made with {key}={config.get(key)!r}, this run "
                                  f"with {getattr(args, key)!r}: its runs cannot be carried over "
                                  "(pass --previous none, or another --json-out)")
     return previous
@@ -276,7 +287,7 @@ def mappo_run(args: argparse.Namespace, work: Path, name: str, seed: int, agents
     if (done := _done(run_dir)) is not None:
         return done
     started = time.perf_counter()
-    _, _, _, mappo_config = MODELS[args.model]
+    mappo_config = rl_config(args)
     output = run_dir / "mappo"
     overrides = [f"model_name_or_path={sft_model}", f"seed={seed}", f"output_dir={output}",
                  f"mappo_retriever_url={args.retriever_url}", f"mappo_top_k={args.k}",
@@ -296,7 +307,8 @@ def mappo_run(args: argparse.Namespace, work: Path, name: str, seed: int, agents
         for checkpoint in output.glob("checkpoint-*"):  # the final model is in output itself
             shutil.rmtree(checkpoint)
     metrics = _evaluate(output, args, run_dir / "eval")
-    return _finish(run_dir, {"seed": seed, "agents": agents, "model": str(output),
+    return _finish(run_dir, {"seed": seed, "agents": agents, "algorithm": args.algorithm,
+                             "model": str(output),
                              "code_version": code.read_text().strip(),
                              "test": _summary(metrics, run_dir / "eval"),
                              "per_question_f1": _per_question_f1(run_dir / "eval"),
@@ -498,6 +510,9 @@ def main() -> None:
     parser.add_argument("--ablation", nargs="*", default=list(AGENTS), choices=AGENTS,
                         help="agents optimised alone from the warm start (default: all three)")
     parser.add_argument("--retriever-url", dest="retriever_url", default="http://127.0.0.1:8000")
+    parser.add_argument("--algorithm", choices=["ppo", "grpo"], default="ppo",
+                        help="the RL runs' algorithm: the model's MAPPO config (ppo) or its GRPO "
+                        "config (grpo: 4 questions x 4 rollouts a step, no value head)")
     parser.add_argument("--agents", default=",".join(AGENTS),
                         help="the agents the seeds' MAPPO runs optimise (default: all three)")
     parser.add_argument("--eval-file", dest="eval_file", default="data/demo/test.jsonl")

@@ -113,12 +113,32 @@ def test_a_previous_json_of_another_question_set_is_not_carried_over(bench, tmp_
     path = tmp_path / "previous.json"
     path.write_text(json.dumps({"config": {"eval_file": "data/demo/test.jsonl", "max_eval": None},
                                 "warm_start": {}, "mappo": {}, "ablation": {}}))
-    same = argparse.Namespace(eval_file="data/demo/test.jsonl", max_eval=None)
+    same = argparse.Namespace(eval_file="data/demo/test.jsonl", max_eval=None, algorithm="ppo",
+                              agents="qr,selector,generator")
     assert bench.load_previous(str(path), same)["mappo"] == {}
-    other = argparse.Namespace(eval_file="data/test_world/test.jsonl", max_eval=None)
+    other = argparse.Namespace(**{**vars(same), "eval_file": "data/test_world/test.jsonl"})
     with pytest.raises(SystemExit, match=r"eval_file='data/demo/test\.jsonl'.*--previous none"):
         bench.load_previous(str(path), other)
-    fewer = argparse.Namespace(eval_file="data/demo/test.jsonl", max_eval=600)
+    fewer = argparse.Namespace(**{**vars(same), "max_eval": 600})
     with pytest.raises(SystemExit, match="max_eval=None"):
         bench.load_previous(str(path), fewer)
+    grpo = argparse.Namespace(**{**vars(same), "algorithm": "grpo"})  # the JSON predates it
+    with pytest.raises(SystemExit, match="algorithm='ppo'"):
+        bench.load_previous(str(path), grpo)
+    generator = argparse.Namespace(**{**vars(same), "agents": "generator"})
+    with pytest.raises(SystemExit, match="agents='qr,selector,generator'"):
+        bench.load_previous(str(path), generator)
     assert bench.load_previous(str(tmp_path / "missing.json"), same) is None
+
+
+def test_the_rl_config_follows_the_algorithm(bench):
+    import argparse
+
+    import yaml
+
+    for model in bench.MODELS:
+        ppo = bench.rl_config(argparse.Namespace(model=model, algorithm="ppo"))
+        grpo = bench.rl_config(argparse.Namespace(model=model, algorithm="grpo"))
+        assert ppo == bench.MODELS[model][3]
+        assert yaml.safe_load((ROOT / grpo).read_text())["mappo_algorithm"] == "grpo"
+        assert yaml.safe_load((ROOT / ppo).read_text()).get("mappo_algorithm", "ppo") == "ppo"
