@@ -9,7 +9,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
+from transformers import LlamaConfig, LlamaForCausalLM
+
+#: The vocabulary and end token of :func:`tiny_policy` (the learners' unit tests).
+VOCAB, EOS = 16, 1
+
+
+def tiny_policy(seed: int = 0) -> LlamaForCausalLM:
+    """A two-layer Llama of 16 tokens, random weights from ``seed``: the policy of the PPO and
+    GRPO learners' unit and learning tests (fast, and the same for both algorithms)."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=64, eos_token_id=EOS, pad_token_id=0,
+                         bos_token_id=2)
+    return LlamaForCausalLM(config)
 
 
 def tiny_mappo_config(model: Path, data: Path, url: str, output: Path,

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from mmoa.train.mappo.args import split_mappo_args
 from mmoa.train.mappo.grpo import PipelineOutcome, group_samples
@@ -27,18 +26,7 @@ from mmoa.train.mappo.ppo_math import (
     zero_variance_groups,
 )
 from mmoa.train.mappo.samples import Sample
-
-VOCAB, EOS = 16, 1
-
-
-def _tiny_policy(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=64, eos_token_id=EOS, pad_token_id=0,
-                         bos_token_id=2)
-    return LlamaForCausalLM(config)
-
+from tests.mappo_fixtures import EOS, tiny_policy
 
 # -- the group advantage -------------------------------------------------------------------------
 
@@ -198,7 +186,7 @@ def test_grpo_keys_are_read_as_the_others() -> None:
 
 def _grpo_learner(kl_loss_coef: float = 0.0, ref: bool = True, **config: object
                   ) -> tuple[PPOLearner, PolicyWithValue]:
-    policy = _tiny_policy(seed=4)
+    policy = tiny_policy(seed=4)
     reference = copy.deepcopy(policy).eval() if ref else None
     model = PolicyWithValue(policy, None, ref_model=reference)
     settings = PPOConfig(algorithm="grpo", kl_loss_coef=kl_loss_coef, ppo_epochs=1,
@@ -273,7 +261,7 @@ def test_grpo_raises_the_reward_on_a_known_task(normalise: str, averaging: str) 
     clipped loss through PPOLearner with no value head. The mean reward must rise clearly above
     the untrained policy's."""
     torch.manual_seed(0)
-    policy = _tiny_policy(seed=1)
+    policy = tiny_policy(seed=1)
     model = PolicyWithValue(policy, None, ref_model=copy.deepcopy(policy).eval())
     config = PPOConfig(algorithm="grpo", ppo_epochs=4, mini_batch_size=16,
                        loss_averaging=averaging, kl_loss_coef=0.01)

@@ -7,7 +7,6 @@ import copy
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from mmoa.train.mappo.args import MappoArguments, split_mappo_args
 from mmoa.train.mappo.learner import (
@@ -19,17 +18,7 @@ from mmoa.train.mappo.learner import (
 from mmoa.train.mappo.ppo_math import logprobs_from_logits
 from mmoa.train.mappo.samples import Sample, collate, gather_positions, length_groups
 from mmoa.train.mappo.value_head import ValueHead
-
-VOCAB, EOS = 16, 1
-
-
-def _tiny_policy(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=64, eos_token_id=EOS, pad_token_id=0,
-                         bos_token_id=2)
-    return LlamaForCausalLM(config)
+from tests.mappo_fixtures import EOS, tiny_policy
 
 
 def test_value_head_round_trip(tmp_path) -> None:
@@ -71,7 +60,7 @@ def test_length_groups_bound_the_padding_and_cover_every_row() -> None:
 def test_response_logits_equal_the_full_forward_sliced(lora: bool) -> None:
     """Log-probs and hidden states from the LM head applied at the response positions only
     (rows of very different lengths in separate passes) equal those of the whole forward."""
-    policy = _tiny_policy(seed=3).eval()
+    policy = tiny_policy(seed=3).eval()
     if lora:
         from peft import LoraConfig, get_peft_model
 
@@ -97,7 +86,7 @@ def test_response_logits_equal_the_full_forward_sliced(lora: bool) -> None:
 
 
 def test_kl_is_zero_when_policy_equals_reference() -> None:
-    policy = _tiny_policy()
+    policy = tiny_policy()
     model = PolicyWithValue(policy, ValueHead(32), ref_model=copy.deepcopy(policy))
     batch = collate([Sample("qr", [2, 5, 6], [7, 8, EOS], 1.0)], pad_id=0)
     logprobs, _, _ = model(batch)
@@ -107,7 +96,7 @@ def test_kl_is_zero_when_policy_equals_reference() -> None:
 def test_lora_reference_is_the_adapter_disabled_model() -> None:
     from peft import LoraConfig, get_peft_model
 
-    policy = get_peft_model(_tiny_policy(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    policy = get_peft_model(tiny_policy(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     model = PolicyWithValue(policy, ValueHead(32))
     batch = collate([Sample("qr", [2, 5, 6], [7, 8, EOS], 1.0)], pad_id=0)
     assert torch.equal(model(batch)[0], model.reference_logprobs(batch))  # B starts at 0
@@ -180,7 +169,7 @@ def test_ppo_learner_raises_the_reward_on_a_known_task() -> None:
     with its own target token (best possible mean reward: 1.0). After a few PPO steps through
     PPOLearner, the mean reward must rise clearly above the untrained policy's."""
     torch.manual_seed(0)
-    policy = _tiny_policy(seed=1)
+    policy = tiny_policy(seed=1)
     model = PolicyWithValue(policy, ValueHead(32), ref_model=copy.deepcopy(policy).eval())
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     config = PPOConfig(ppo_epochs=4, mini_batch_size=16, gradient_accumulation_steps=1,
@@ -212,7 +201,7 @@ def test_ppo_learner_raises_the_reward_on_a_known_task() -> None:
 
 
 def _learner(threshold: float) -> tuple[PPOLearner, PolicyWithValue]:
-    policy = _tiny_policy(seed=4)
+    policy = tiny_policy(seed=4)
     model = PolicyWithValue(policy, ValueHead(32), ref_model=copy.deepcopy(policy).eval())
     config = PPOConfig(ppo_epochs=2, mini_batch_size=2, ratio_threshold=threshold)
     return PPOLearner(model, torch.optim.SGD(model.parameters(), lr=0.5), config, pad_id=0,
