@@ -54,6 +54,14 @@ if TYPE_CHECKING:
     from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
 
 
+@dataclass(frozen=True)
+class RetrievedPassage:
+    """A document shown to the model (``"title\ntext"``), for gold-support statistics."""
+
+    id: str | None
+    text: str
+
+
 @dataclass
 class SearchTurn:
     """One model turn: what it wrote, how it parsed, and the information appended after it."""
@@ -80,6 +88,8 @@ class SearchTrajectory:
     stop_reason: StopReason | None = None
     #: Wall-clock seconds of the batch this trajectory ran in, divided by its trajectories.
     seconds: float = 0.0
+    #: Every document shown in an ``<information>`` block, in order.
+    retrieved_passages: list[RetrievedPassage] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -237,6 +247,9 @@ class SearchAgentPipeline:
             turn = t.turns[-1]
             queries = turn.parse.queries
             docs = [[str(d.get("contents", "")) for d in ranked[q]] for q in queries]
+            t.retrieved_passages.extend(
+                RetrievedPassage(None if d.get("id") is None else str(d["id"]),
+                                 str(d.get("contents", ""))) for q in queries for d in ranked[q])
             turn.information = format_information(queries, docs, force_answer=last)
             t._append(self._turn_tail(t.response_ids), sampled=False)
             observation = self.renderer.observation_ids(turn.information)
