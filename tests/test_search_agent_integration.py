@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 from transformers import LogitsProcessor
 
 from mmoa.agents.search_agent import SearchAgentPipeline, SearchTrajectory
@@ -187,10 +188,12 @@ def test_sft_data_from_known_hops_is_masked_by_llamafactory(
     assert checked == len(samples) > 0
 
 
-RL = {"mappo_pipeline": "search_agent", "mappo_algorithm": "grpo", "mappo_group_size": 2,
-      "mappo_questions_per_rollout": 2, "mappo_rollout_batch_size": 4, "max_steps": 2,
-      "mappo_max_new_tokens_search": 12, "mappo_search_max_turns": 2,
-      "mappo_search_format_penalty": -0.1, "mappo_kl_loss_coef": 0.1}
+EXAMPLE = Path(__file__).resolve().parents[1] / "LLaMA-Factory" / "examples" / "demo" \
+    / "tiny_search_agent_grpo.yaml"
+_TINY = yaml.safe_load(EXAMPLE.read_text())
+#: The tiny example's RL keys (the tests give their own model, data, server and output).
+RL = {**{k: v for k, v in _TINY.items() if k.startswith("mappo_") and k != "mappo_retriever_url"},
+      "max_steps": _TINY["max_steps"]}
 
 
 def _history(folder: Path) -> list[dict[str, Any]]:
@@ -201,6 +204,10 @@ def test_rl_steps_save_and_resume(tiny_model_dir: Path, tiny_mappo_data_dir: Pat
                                   tiny_server_url: str, tmp_path: Path) -> None:
     from mmoa.train.mappo.workflow import run_mappo
     from tests.mappo_fixtures import tiny_mappo_config
+
+    assert (RL["mappo_pipeline"], RL["mappo_algorithm"], RL["max_steps"]) \
+        == ("search_agent", "grpo", 2)
+    assert RL["mappo_search_format_penalty"] == -0.1
 
     out = tmp_path / "run"
     run_mappo(tiny_mappo_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out,
