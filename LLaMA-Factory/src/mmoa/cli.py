@@ -82,6 +82,35 @@ def _cmd_sft_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_search_sft_data(args: argparse.Namespace) -> int:
+    from mmoa.data.search_agent_sft import (
+        SearchSFTConfig,
+        build_search_sft_records,
+        write_search_sft_dataset,
+    )
+    from mmoa.retrieval.client import RetrievalClient
+
+    try:
+        records = _load_qa_from_args(args)
+        client = RetrievalClient(args.retriever_url, token=args.retriever_token)
+        client.health()
+        config = SearchSFTConfig(dataset_dir=args.dataset_dir, name=args.name, top_k=args.top_k,
+                                 max_queries=args.max_queries, max_turns=args.max_turns,
+                                 query_mode=args.query_mode, segment=not args.no_segment,
+                                 require_support=not args.keep_unsupported)
+        samples, report = build_search_sft_records(records, client, config)
+        if not samples:
+            raise ValueError("no trajectory could be built (see the skipped counts: "
+                             f"{dict(report.skipped)})")
+    except (ValueError, KeyError, FileNotFoundError, ConnectionError) as err:
+        print(f"mmoa-cli data search-sft: error: {err} (nothing was written)", file=sys.stderr)
+        return 2
+    write_search_sft_dataset(samples, config, report)
+    print("\n".join(report.lines()))
+    print(f"  registered as {args.name!r} (sharegpt) in {args.dataset_dir}/dataset_info.json")
+    return 0
+
+
 def _cmd_mappo_data(args: argparse.Namespace) -> int:
     from mmoa.data.sft_builder import write_mappo_dataset
 
@@ -118,6 +147,8 @@ def _add_ambigqa_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_data_commands(commands: argparse._SubParsersAction) -> None:
+    from mmoa.defaults import SEARCH_MAX_QUERIES, SEARCH_MAX_TURNS, SEARCH_TOP_K
+
     data = commands.add_parser(
         "data", help="build datasets (demo world, pre-training text, SFT data, MAPPO data)",
         description=("Build the demo world, the tiny model's pre-training text, the warm-start "
@@ -129,6 +160,8 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
             "  mmoa-cli data sft --data_file data/demo/train.jsonl --name demo_sft \\\n"
             "      --retriever_url http://127.0.0.1:8000\n"
             "  mmoa-cli data mappo --data_file data/demo/train.jsonl --name demo_mappo\n"
+            "  mmoa-cli data search-sft --data_file data/demo/train.jsonl \\\n"
+            "      --name demo_search_sft --retriever_url http://127.0.0.1:8000\n"
             "Run 'mmoa-cli data <dataset> --help' for the options of one builder."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -177,6 +210,40 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
     sft.add_argument("--k", type=int, default=10, help="candidates per question (default 10)")
     sft.add_argument("--seed", type=int, default=42, help="seed of the candidate shuffling")
     sft.set_defaults(handler=_cmd_sft_data)
+
+    search = kinds.add_parser(
+        "search-sft",
+        help="build the search agent's format-learning SFT data (needs the retrieval server)",
+        description=(
+            "Build ShareGPT SFT trajectories of the multi-turn search agent from each "
+            "question's known hops (demo world decomposition, or HotpotQA supporting titles) "
+            "with the documents the live server retrieves, segmented per model turn as RAG-R1 "
+            "does, and register them in dataset_info.json (docs/search_agent.md)."
+        ),
+        epilog=(
+            "example: mmoa-cli data search-sft --data_file data/demo/train.jsonl "
+            "--name demo_search_sft --retriever_url http://127.0.0.1:8000"
+        ),
+    )
+    _add_qa_source_arguments(search)
+    search.add_argument("--name", default="demo_search_sft", help="dataset name to register")
+    search.add_argument("--retriever_url", default="http://127.0.0.1:8000",
+                        help="the running retrieval server (default http://127.0.0.1:8000)")
+    search.add_argument("--retriever_token", help="bearer token of the retrieval server")
+    search.add_argument("--top_k", type=int, default=SEARCH_TOP_K,
+                        help=f"documents per query (default {SEARCH_TOP_K})")
+    search.add_argument("--max_queries", type=int, default=SEARCH_MAX_QUERIES,
+                        help=f"queries per search (default {SEARCH_MAX_QUERIES})")
+    search.add_argument("--max_turns", type=int, default=SEARCH_MAX_TURNS,
+                        help=f"most search turns of a trajectory (default {SEARCH_MAX_TURNS})")
+    search.add_argument("--query_mode", default="multi", choices=["multi", "single"],
+                        help="multi (default): independent hops in one search; single: one "
+                             "query per search turn (the single-query baseline)")
+    search.add_argument("--no_segment", action="store_true",
+                        help="one sample per trajectory (train it with mask_history: false)")
+    search.add_argument("--keep_unsupported", action="store_true",
+                        help="keep trajectories whose information misses a gold passage")
+    search.set_defaults(handler=_cmd_search_sft_data)
 
     from mmoa_demo.pretrain_text import build_arg_parser as pretrain_parser
     from mmoa_demo.pretrain_text import run as run_pretrain
@@ -284,8 +351,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _add_eval_command(commands: argparse._SubParsersAction) -> None:
-    from mmoa.agents.pipeline import MODES
-    from mmoa.evaluation import EvalConfig
+    from mmoa.evaluation import EVAL_MODES, EvalConfig
     from mmoa.metrics import DEFAULT_PROFILE, SCORING_PROFILES
     from mmoa.precision import PRECISION_CHOICES
 
@@ -321,10 +387,11 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
                     help="the running retrieval server (bash run_server.sh --index DIR; "
                          "default http://127.0.0.1:8000)")
     ev.add_argument("--retriever_token", help="bearer token of the retrieval server")
-    ev.add_argument("--mode", default="qr_s_g", choices=MODES,
+    ev.add_argument("--mode", default="qr_s_g", choices=EVAL_MODES,
                     help="which agents run: qr_s_g (default: Query Rewriter, Selector, "
-                         "Generator), qr_g, s_g, rag (retrieve, then generate) or g (no "
-                         "retrieval)")
+                         "Generator), qr_g, s_g, rag (retrieve, then generate), g (no "
+                         "retrieval) or search_agent (the multi-turn search agent; "
+                         "docs/search_agent.md)")
     ev.add_argument("--k", type=int, default=10,
                     help="candidate documents per question (default 10; the demo uses 5)")
     ev.add_argument("--batch_size", type=int, default=16,
@@ -345,6 +412,13 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
         default = EvalConfig.__dataclass_fields__[f"max_new_tokens_{agent}"].default
         ev.add_argument(f"--max_new_tokens_{agent}", type=int,
                         help=f"generation limit of the {agent} agent (default {default})")
+    for name, what in (("search_max_turns", "search rounds before the answer is forced"),
+                       ("search_max_queries", "queries per search"),
+                       ("search_top_k", "documents per query"),
+                       ("max_new_tokens_search", "new tokens per model turn")):
+        default = EvalConfig.__dataclass_fields__[name].default
+        ev.add_argument(f"--{name}", type=int,
+                        help=f"mode search_agent: {what} (default {default})")
     ev.add_argument("--compare", nargs="+", metavar="[NAME=]METRICS",
                     help="print one table for several metrics.json files (or their folders); "
                          "NAME= names the row (default: the path)")

@@ -50,3 +50,14 @@ MIN_KL_COEF = 0.06
 # TRL's GRPOTrainer and Dr. GRPO; DeepSeekMath used 0.04).
 GRPO_GROUP_SIZE = 4
 KL_LOSS_COEF = 0.0
+
+# The multi-turn search agent (``mappo_pipeline: search_agent``; RAG-R1 / Search-R1): queries per
+# search (RAG-R1's multi-query variant allows 3), search rounds before the answer is forced
+# (RAG-R1 trains with at most 4 retrievals), documents per query (both papers use top-3), new
+# tokens per model turn (RAG-R1 allows 500 over the whole response) and the reward added when
+# a trajectory ends malformed (0: off, as RAG-R1, whose SFT stage already teaches the format).
+SEARCH_MAX_QUERIES = 3
+SEARCH_MAX_TURNS = 4
+SEARCH_TOP_K = 3
+SEARCH_MAX_NEW_TOKENS = 128
+SEARCH_FORMAT_PENALTY = 0.0

@@ -1,5 +1,10 @@
 """Evaluation of the whole pipeline: Acc / EM / F1 plus per-agent statistics.
 
+``mode: search_agent`` evaluates the multi-turn search agent (:mod:`mmoa.agents.search_agent`)
+with the same scores, and records per question its turns, retrieval rounds, queries, retrieved
+tokens and seconds (the batch's wall time over its questions); every mode reports seconds per
+question, so one table compares the search agent with the three-agent modes.
+
 The pipeline runs greedily over a QA set in batches; every question's trace and scores go to
 ``predictions.jsonl`` and the aggregate to ``metrics.json``. The scores come from
 :mod:`mmoa.metrics`, the same functions the MAPPO reward uses, under a named scoring profile
@@ -24,11 +29,20 @@ from mmoa.data.loaders import AMBIGQA_ANSWER_SETS, DEFAULT_AMBIGQA_ANSWERS
 from mmoa.data.records import QARecord
 from mmoa.data.registry import load_dataset_records
 from mmoa.data.support import GoldSupport
-from mmoa.defaults import MAX_NEW_TOKENS
+from mmoa.defaults import (
+    MAX_NEW_TOKENS,
+    SEARCH_MAX_NEW_TOKENS,
+    SEARCH_MAX_QUERIES,
+    SEARCH_MAX_TURNS,
+    SEARCH_TOP_K,
+)
 from mmoa.fileio import atomic_write_json, atomic_write_jsonl
 from mmoa.metrics import DEFAULT_PROFILE, get_profile, score_answer
 from mmoa.precision import autocast, check_precision_name, resolve_precision
 
+#: The search agent's evaluation mode, beside the three-agent pipeline's ``MODES``.
+SEARCH_AGENT_MODE = "search_agent"
+EVAL_MODES: tuple[str, ...] = (*MODES, SEARCH_AGENT_MODE)
 PREDICTIONS_FILE = "predictions.jsonl"
 METRICS_FILE = "metrics.json"
 
@@ -58,13 +72,19 @@ class EvalConfig:
     max_new_tokens_qr: int = MAX_NEW_TOKENS["qr"]
     max_new_tokens_selector: int = MAX_NEW_TOKENS["selector"]
     max_new_tokens_generator: int = MAX_NEW_TOKENS["generator"]
+    #: ``mode: search_agent``: search rounds before the answer is forced, queries per search,
+    #: documents per query and new tokens per model turn.
+    search_max_turns: int = SEARCH_MAX_TURNS
+    search_max_queries: int = SEARCH_MAX_QUERIES
+    search_top_k: int = SEARCH_TOP_K
+    max_new_tokens_search: int = SEARCH_MAX_NEW_TOKENS
     #: ``auto`` (bf16 autocast where the hardware has bf16, see :mod:`mmoa.precision`), ``bf16``
     #: or ``fp32``.
     precision: str = "auto"
 
     def validate(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.mode not in EVAL_MODES:
+            raise ValueError(f"mode must be one of {', '.join(EVAL_MODES)}, got {self.mode!r}")
         check_precision_name(self.precision)
         get_profile(self.scoring)
         if self.ambigqa_answers not in AMBIGQA_ANSWER_SETS:
@@ -72,7 +92,8 @@ class EvalConfig:
                              f"got {self.ambigqa_answers!r}")
         if (self.dataset is None) == (self.data_file is None):
             raise ValueError("give exactly one of --dataset (a registered name) or --data_file")
-        for name in ("k", "batch_size"):
+        for name in ("k", "batch_size", "search_max_turns", "search_max_queries",
+                     "search_top_k", "max_new_tokens_search"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
 
@@ -146,6 +167,31 @@ def score_trace(record: QARecord, trace: Trace, mode: str,
     return row
 
 
+def score_search_trajectory(record: QARecord, trajectory: Any,
+                            scoring: str = DEFAULT_PROFILE) -> dict[str, Any]:
+    """One line of ``predictions.jsonl`` for the search agent: the trajectory (its turns,
+    queries, stop reason), the scores, and the statistics the table shows."""
+    from mmoa.data.support import GoldSupport
+
+    scores = score_answer(trajectory.answer, record.answers, profile=scoring)
+    row = {"id": record.id, **trajectory.to_dict(), "answers": record.answers,
+           "type": record.type}
+    row["scores"] = {**scores.as_dict(), "rouge_l": _rouge_l(trajectory.answer, record.answers)}
+    support = GoldSupport.of(record)
+    recall = None
+    if support is not None:
+        retrieved = getattr(trajectory, "retrieved_passages", [])
+        recall = support.recall(retrieved) if retrieved else 0.0
+    row["agent_stats"] = {"search": {
+        "turns": len(trajectory.turns), "searches": trajectory.num_searches,
+        "queries": trajectory.num_queries, "retrieved_tokens": trajectory.retrieved_tokens,
+        "seconds": trajectory.seconds, "well_formed": trajectory.well_formed,
+        "forced": trajectory.stop_reason is not None
+        and trajectory.stop_reason.value == "forced_answer"},
+        "retrieval": {"support_recall": recall}}
+    return row
+
+
 def _mean(values: list[Any]) -> float | None:
     numbers = [float(v) for v in values if v is not None]
     return fmean(numbers) if numbers else None
@@ -177,6 +223,13 @@ def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
                               "support_recall": _mean(column("selector", "support_recall")),
                               "support_precision": _mean(column("selector",
                                                                 "support_precision"))}
+    if column("search", "turns"):
+        agents["search"] = {"mean_turns": _mean(column("search", "turns")),
+                            "mean_searches": _mean(column("search", "searches")),
+                            "mean_queries": _mean(column("search", "queries")),
+                            "mean_retrieved_tokens": _mean(column("search", "retrieved_tokens")),
+                            "well_formed_rate": _mean(column("search", "well_formed")),
+                            "forced_rate": _mean(column("search", "forced"))}
     if column("generator", "answer_words"):
         agents["generator"] = {"mean_answer_words": _mean(column("generator", "answer_words")),
                                "well_formed_rate": _mean(column("generator", "well_formed"))}
@@ -196,7 +249,7 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
 
     config.validate()
     records = load_records(config)
-    retriever = None
+    retriever: Any = None
     if config.mode != "g":
         retriever = RetrievalClient(config.retriever_url, token=config.retriever_token)
         retriever.health()  # fail before the model is loaded when the server is not there
@@ -207,27 +260,43 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
         "qr": config.max_new_tokens_qr, "selector": config.max_new_tokens_selector,
         "generator": config.max_new_tokens_generator,
     })
-    pipeline = RagPipeline(model, tokenizer, config.template, retriever, mode=config.mode,
-                           k=config.k, settings=settings)
+    pipeline: Any
+    if config.mode == SEARCH_AGENT_MODE:
+        from mmoa.agents.search_agent import SearchAgentPipeline
+
+        pipeline = SearchAgentPipeline(
+            model, tokenizer, config.template, retriever, max_turns=config.search_max_turns,
+            max_queries=config.search_max_queries, top_k=config.search_top_k,
+            max_new_tokens=config.max_new_tokens_search, settings=settings)
+    else:
+        pipeline = RagPipeline(model, tokenizer, config.template, retriever, mode=config.mode,
+                               k=config.k, settings=settings)
     precision = resolve_precision(config.precision)
     device_type = next(model.parameters()).device.type
     rows: list[dict[str, Any]] = []
-    timings = {"qr": 0.0, "retrieve": 0.0, "selector": 0.0, "generator": 0.0}
+    timings: dict[str, float] = {}
     start = time.perf_counter()
     batches = range(0, len(records), config.batch_size)
     for offset in tqdm(batches, desc=f"evaluate {config.mode}", unit="batch", disable=not progress):
         batch = records[offset: offset + config.batch_size]
         with autocast(precision, device_type):
             traces = pipeline.run([r.question for r in batch])
-        for key, seconds in pipeline.last_timings.as_dict().items():
-            timings[key] += seconds
-        rows.extend(
-            score_trace(record, trace, config.mode, config.scoring)
-            for record, trace in zip(batch, traces, strict=True)
-        )
+        last = pipeline.last_timings
+        for key, seconds in (last if isinstance(last, dict) else last.as_dict()).items():
+            timings[key] = timings.get(key, 0.0) + seconds
+        if config.mode == SEARCH_AGENT_MODE:
+            rows.extend(score_search_trajectory(record, trajectory, config.scoring)
+                        for record, trajectory in zip(batch, traces, strict=True))
+        else:
+            rows.extend(
+                score_trace(record, trace, config.mode, config.scoring)
+                for record, trace in zip(batch, traces, strict=True)
+            )
     metrics = summarize(rows, config.mode)
     metrics["scoring"] = get_profile(config.scoring).as_dict()
-    metrics["seconds"] = {"total": time.perf_counter() - start, **timings}
+    total = time.perf_counter() - start
+    metrics["seconds"] = {"total": total, **timings}
+    metrics["seconds_per_question"] = total / len(rows) if rows else None
     metrics["config"] = {**asdict(config), "precision": precision}
     out = Path(config.output_dir)
     atomic_write_jsonl(out / PREDICTIONS_FILE, rows)
@@ -277,15 +346,20 @@ def scoring_legend(named_metrics: Sequence[tuple[str, dict[str, Any]]]) -> list[
 
 
 def format_table(named_metrics: Sequence[tuple[str, dict[str, Any]]]) -> str:
-    """One table: a row per run with its scoring profile, Acc / EM / F1 and the per-agent
-    statistics (:func:`scoring_legend` says what the profile names mean)."""
+    """One table: a row per run with its scoring profile, Acc / EM / F1, the per-agent
+    statistics, the search agent's retrieval rounds, queries and retrieved tokens per question
+    and its well-formed rate, and seconds per question for every mode (:func:`scoring_legend`
+    says what the profile names mean)."""
     header = ["run", "mode", "scoring", "n", "Acc", "EM", "F1", "QR subq", "QR ok%",
-              "cand rec%", "S sel", "S ok%", "S rec%", "G words", "G ok%"]
+              "cand rec%", "S sel", "S ok%", "S rec%", "G words", "G ok%", "rounds",
+              "queries", "ret tok", "fmt ok%", "s/q"]
     lines = []
     for name, m in named_metrics:
         agents = m.get("agents", {})
         qr, sel = agents.get("qr", {}), agents.get("selector", {})
         gen, ret = agents.get("generator", {}), agents.get("retrieval", {})
+        search = agents.get("search", {})
+        ret_tokens = search.get("mean_retrieved_tokens")
         lines.append([
             name, m.get("mode", "?"), scoring_label(m), str(m.get("num_questions", "?")),
             _pct(m.get("acc")),
@@ -293,7 +367,10 @@ def format_table(named_metrics: Sequence[tuple[str, dict[str, Any]]]) -> str:
             _pct(qr.get("well_formed_rate")), _pct(ret.get("candidate_support_recall")),
             _num(sel.get("mean_selected")), _pct(sel.get("well_formed_rate")),
             _pct(sel.get("support_recall")), _num(gen.get("mean_answer_words")),
-            _pct(gen.get("well_formed_rate")),
+            _pct(gen.get("well_formed_rate")), _num(search.get("mean_searches")),
+            _num(search.get("mean_queries")),
+            "-" if ret_tokens is None else f"{ret_tokens:.0f}",
+            _pct(search.get("well_formed_rate")), _num(m.get("seconds_per_question")),
         ])
     widths = [max(len(str(row[i])) for row in [header, *lines]) for i in range(len(header))]
     def fmt(row: list[str]) -> str:

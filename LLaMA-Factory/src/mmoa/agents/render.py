@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from mmoa.agents.prompts import AgentPrompt
+from mmoa.agents.search_tags import SearchPrompt
 
 if TYPE_CHECKING:
     from llamafactory.data.template import Template
@@ -30,12 +31,13 @@ class PromptRenderer:
             tokenizer, DataArguments(template=template)
         )
 
-    def prompt_ids(self, prompt: AgentPrompt) -> list[int]:
+    def prompt_ids(self, prompt: AgentPrompt | SearchPrompt) -> list[int]:
         """The ids the model sees before it writes its response."""
         ids, _ = self.template.encode_oneturn(self.tokenizer, prompt.messages(""), prompt.system)
         return ids
 
-    def batch_prompt_ids(self, prompts: Sequence[AgentPrompt]) -> list[list[int]]:
+    def batch_prompt_ids(self, prompts: Sequence[AgentPrompt | SearchPrompt]
+                         ) -> list[list[int]]:
         return [self.prompt_ids(p) for p in prompts]
 
     def sft_ids(self, prompt: AgentPrompt, output: str) -> tuple[list[int], list[int]]:
@@ -47,6 +49,22 @@ class PromptRenderer:
     def prompt_text(self, prompt: AgentPrompt) -> str:
         """The rendered prompt as text (for traces and the playground)."""
         return self.tokenizer.decode(self.prompt_ids(prompt), skip_special_tokens=False)
+
+    def assistant_suffix_ids(self) -> list[int]:
+        """The ids the template puts after an assistant message's content (its end of turn)."""
+        pairs = self.template.encode_multiturn(self.tokenizer, [
+            {"role": "user", "content": "q"}, {"role": "assistant", "content": ""}])
+        return list(pairs[0][1])
+
+    def observation_ids(self, content: str) -> list[int]:
+        """An observation (tool result) turn with ``content``, ready for the next assistant
+        turn: exactly what LLaMA-Factory's SFT stage encodes for a ShareGPT ``observation``
+        message after an assistant turn (the search agent's ``<information>`` blocks)."""
+        pairs = self.template.encode_multiturn(self.tokenizer, [
+            {"role": "user", "content": "q"}, {"role": "assistant", "content": ""},
+            {"role": "observation", "content": content}, {"role": "assistant", "content": ""},
+        ])
+        return list(pairs[1][0])
 
     @property
     def stop_token_ids(self) -> list[int]:

@@ -10,6 +10,11 @@ Defaults are the paper's (MMOA-RAG, Table 6 and section 3.3): clip 0.2, value cl
 value-loss weight 0.1, gamma 1, lambda 0.95, adaptive KL from 0.2 with a floor of 0.06,
 sampling temperature 0.95 / top-p 0.9, penalties -0.5 (QR), -1 (Selector), -0.5 (Generator).
 
+``mappo_pipeline: search_agent`` trains the multi-turn search agent (RAG-R1 / Search-R1) instead of
+the three agents: one policy, one sample per trajectory, the retrieved tokens masked out of the
+loss (the ``mappo_search_*`` keys; docs/search_agent.md). The agent keys (``mappo_agents``,
+``mappo_qr_*``, ``mappo_selector_*``, ``mappo_generator_*``, ``mappo_top_k``) are then not used.
+
 ``mappo_algorithm: grpo`` replaces the critic by group-relative advantages (``mappo_group_size``
 rollouts of the whole pipeline per question); the keys of the value head, GAE and the adaptive
 KL reward (``mappo_vf_coef``, ``mappo_cliprange_value``, ``mappo_gamma``, ``mappo_lam``,
@@ -32,6 +37,10 @@ from mmoa.train.mappo.ppo_math import GROUP_NORMALISATIONS, LOSS_AVERAGING
 PREFIX = "mappo_"
 #: ``mappo_algorithm``: PPO with a value head (the paper) or critic-free GRPO.
 ALGORITHMS: tuple[str, ...] = ("ppo", "grpo")
+#: ``mappo_pipeline``: the three-agent pipeline (MMOA-RAG) or the multi-turn search agent.
+PIPELINES: tuple[str, ...] = ("qr_s_g", "search_agent")
+#: Keys read as another key of ours (the issue that asked for the search agent named it so).
+ALIASES = {"mmoa_pipeline": "mappo_pipeline"}
 #: ``mappo_grpo_filter``: what happens to the groups whose rollouts all scored the same.
 GRPO_FILTERS: tuple[str, ...] = ("none", "skip")
 
@@ -72,6 +81,35 @@ class MappoArguments:
     mappo_kl_loss_coef: float = field(
         default=defaults.KL_LOSS_COEF,
         metadata={"help": "grpo: weight of the k3 KL-to-reference loss term (0: off)."})
+
+    # which pipeline is rolled out and trained
+    mappo_pipeline: str = field(
+        default="qr_s_g",
+        metadata={"help": "qr_s_g (the three agents: Query Rewriter, Selector, Generator) or "
+                          "search_agent (one multi-turn agent that searches with up to "
+                          "mappo_search_max_queries parallel queries per turn; docs/"
+                          "search_agent.md). `mmoa_pipeline` is accepted as its alias."})
+    mappo_search_max_turns: int = field(
+        default=defaults.SEARCH_MAX_TURNS,
+        metadata={"help": "search_agent: search rounds before the answer is forced."})
+    mappo_search_max_queries: int = field(
+        default=defaults.SEARCH_MAX_QUERIES,
+        metadata={"help": "search_agent: queries allowed in one <search> (more ends the "
+                          "trajectory as malformed)."})
+    mappo_search_top_k: int = field(
+        default=defaults.SEARCH_TOP_K,
+        metadata={"help": "search_agent: documents per query in each <information> block."})
+    mappo_max_new_tokens_search: int = field(
+        default=defaults.SEARCH_MAX_NEW_TOKENS,
+        metadata={"help": "search_agent: new tokens per model turn."})
+    mappo_search_format_penalty: float = field(
+        default=defaults.SEARCH_FORMAT_PENALTY,
+        metadata={"help": "search_agent: added (<= 0) to the reward of a trajectory that ended "
+                          "malformed (0: off)."})
+    mappo_search_mask_information: bool = field(
+        default=True,
+        metadata={"help": "search_agent: keep the retrieved <information> tokens out of the "
+                          "loss, KL, values and advantages (false only for the ablation)."})
 
     # which agents learn (the others still act)
     mappo_agents: str = field(
@@ -166,7 +204,8 @@ class MappoArguments:
         from mmoa.metrics import get_profile
 
         get_profile(self.mappo_scoring)  # an unknown name fails here, before any model loads
-        for name, choices in (("mappo_algorithm", ALGORITHMS),
+        for name, choices in (("mappo_pipeline", PIPELINES),
+                              ("mappo_algorithm", ALGORITHMS),
                               ("mappo_grpo_normalise", GROUP_NORMALISATIONS),
                               ("mappo_grpo_filter", GRPO_FILTERS),
                               ("mappo_loss_averaging", LOSS_AVERAGING)):
@@ -183,7 +222,9 @@ class MappoArguments:
         or that fail later with a message naming no key."""
         for name in ("mappo_qr_max_subquestions", "mappo_qr_max_chars",
                      "mappo_generator_max_words", "mappo_max_nonfinite_steps",
-                     "mappo_group_size"):
+                     "mappo_group_size", "mappo_search_max_turns",
+                     "mappo_search_max_queries", "mappo_search_top_k",
+                     "mappo_max_new_tokens_search"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.mappo_questions_per_rollout is not None and self.mappo_questions_per_rollout < 0:
@@ -206,6 +247,10 @@ class MappoArguments:
         for name in ("mappo_gamma", "mappo_lam"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        penalty = self.mappo_search_format_penalty
+        if not (math.isfinite(penalty) and penalty <= 0):
+            raise ValueError(f"mappo_search_format_penalty must be a finite number <= 0 (it is "
+                             f"added to the reward), got {penalty}")
         if not self.is_grpo and self.mappo_kl_loss_coef > 0:
             raise ValueError("mappo_kl_loss_coef is the KL loss of mappo_algorithm: grpo; ppo "
                              "puts the KL in the reward (mappo_init_kl_coef)")
@@ -213,6 +258,10 @@ class MappoArguments:
     @property
     def is_grpo(self) -> bool:
         return self.mappo_algorithm == "grpo"
+
+    @property
+    def is_search_agent(self) -> bool:
+        return self.mappo_pipeline == "search_agent"
 
     @property
     def rollouts_per_question(self) -> int:
@@ -232,6 +281,13 @@ class MappoArguments:
 def split_mappo_args(config: dict[str, Any]) -> tuple[MappoArguments, dict[str, Any]]:
     """``(our arguments, the rest for llamafactory)``; unknown ``mappo_*`` keys are an error."""
     known = {f.name for f in fields(MappoArguments)}
+    config = dict(config)
+    for alias, key in ALIASES.items():
+        if alias in config:
+            if key in config and config[key] != config[alias]:
+                raise ValueError(f"{alias} is another name of {key}; give one of them, not "
+                                 f"both with different values")
+            config[key] = config.pop(alias)
     ours = {k: v for k, v in config.items() if k.startswith(PREFIX)}
     unknown = sorted(set(ours) - known)
     if unknown:

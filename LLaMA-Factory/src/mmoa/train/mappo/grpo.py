@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mmoa.train.mappo.ppo_math import grpo_advantages, zero_variance_groups
 from mmoa.train.mappo.samples import Sample
@@ -28,6 +28,9 @@ class PipelineOutcome:
     shared: float
     #: ``agent -> penalty`` (<= 0), for every optimised agent
     penalties: dict[str, float]
+    #: ``agent -> loss mask`` of a multi-turn response (0 on retrieved tokens; see
+    #: :attr:`mmoa.train.mappo.samples.Sample.loss_mask`); an agent absent here trains on all.
+    loss_masks: dict[str, list[int]] = field(default_factory=dict)
 
 
 def group_samples(outcomes: Sequence[PipelineOutcome], group_size: int,
@@ -71,7 +74,8 @@ def group_samples(outcomes: Sequence[PipelineOutcome], group_size: int,
                 prompt_ids, response_ids, sampled = outcome.calls[agent]
                 samples.append(Sample(agent, prompt_ids, response_ids,
                                       outcome.shared + outcome.penalties[agent], sampled,
-                                      advantage=advantage))
+                                      advantage=advantage,
+                                      loss_mask=outcome.loss_masks.get(agent)))
     stds = [statistics.pstdev(row) for row in shared]
     logs = {
         "grpo/groups": float(len(groups)),

@@ -45,9 +45,11 @@ from mmoa.train.mappo.ppo_math import (
     logprobs_from_logits,
     masked_mean,
     masked_whiten,
+    pack_masked,
     per_token_kl,
     policy_loss,
     token_rewards,
+    unpack_masked,
     value_loss,
 )
 from mmoa.train.mappo.samples import (
@@ -373,12 +375,19 @@ class PPOLearner:
         value_t = _pad_cat(values, width)
         scores = torch.tensor([s.score for s in samples], dtype=torch.float32,
                               device=self.device)
-        rewards, _, kl = token_rewards(scores, old_logprobs, ref_logprobs, mask,
+        # Rewards and GAE run over each row's own tokens only, packed together: a multi-turn
+        # response's retrieved tokens (loss_mask 0) get no reward, KL, value or advantage, and
+        # the model's tokens on either side of them are one episode (identity when no holes).
+        packed_mask = pack_masked(mask, mask)[1]
+        rewards, _, kl = token_rewards(scores, pack_masked(old_logprobs, mask)[0],
+                                       pack_masked(ref_logprobs, mask)[0], packed_mask,
                                        self.kl_ctl.value)
         if self.config.whiten_rewards:
-            rewards = masked_whiten(rewards, mask, shift_mean=False) * mask
-        advantages, returns = compute_gae(rewards, value_t, mask, self.config.gamma,
-                                          self.config.lam)
+            rewards = masked_whiten(rewards, packed_mask, shift_mean=False) * packed_mask
+        advantages, returns = compute_gae(rewards, pack_masked(value_t, mask)[0], packed_mask,
+                                          self.config.gamma, self.config.lam)
+        rewards, kl, advantages, returns = (unpack_masked(t, mask)
+                                            for t in (rewards, kl, advantages, returns))
         if self.config.whiten_advantages and mask.sum() > 1:
             advantages = masked_whiten(advantages, mask) * mask
         return Rollout(list(samples), full, old_logprobs, ref_logprobs, value_t, rewards, kl,

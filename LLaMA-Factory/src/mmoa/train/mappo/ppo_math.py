@@ -60,9 +60,11 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "pack_masked",
     "per_token_kl",
     "policy_loss",
     "token_rewards",
+    "unpack_masked",
     "value_loss",
     "zero_variance_groups",
 ]
@@ -299,6 +301,29 @@ def per_token_kl(
 def _float_dtype(x: torch.Tensor) -> torch.dtype:
     """At least fp32 for rewards and advantages, whatever the model's dtype (bf16 values)."""
     return torch.promote_types(x.dtype, torch.float32)
+
+
+def pack_masked(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's masked elements moved to its front, in order: ``(packed, packed_mask)``.
+
+    A multi-turn response (the search agent) has holes in its mask: the retrieved
+    ``<information>`` tokens the model did not write. Rewards and GAE treat a row as one episode
+    over the model's own tokens, so they run on the packed rows (right-padded, which they
+    check) and :func:`unpack_masked` puts the results back; for a right-padded mask both are the
+    identity. ``x`` and ``mask``: ``[B, T]``.
+    """
+    m = _bool_mask(x, mask)
+    index = torch.sort((~m).to(torch.int8), dim=1, stable=True).indices
+    return x.gather(1, index), m.gather(1, index)
+
+
+def unpack_masked(packed: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack_masked` for a ``[B, T]`` result computed on packed rows:
+    every value back at its token's position, 0 where ``mask`` is false."""
+    m = _bool_mask(packed, mask, "packed")
+    index = torch.sort((~m).to(torch.int8), dim=1, stable=True).indices
+    out = torch.zeros_like(packed).scatter(1, index, packed)
+    return torch.where(m, out, torch.zeros((), dtype=packed.dtype, device=packed.device))
 
 
 @torch.no_grad()

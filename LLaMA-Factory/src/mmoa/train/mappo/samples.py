@@ -8,7 +8,8 @@ learns from all of them.
 For the forward passes a sample is laid out as ``prompt + response``, right-padded. The response
 token ``t`` is predicted from position ``len(prompt) + t - 1``, and the value of the state before
 it is read from the same position, so both come out as ``[batch, max_response_len]`` tensors
-aligned with a response mask: prompt and padding tokens never enter a loss.
+aligned with a response mask: prompt and padding tokens never enter a loss, and neither do the
+response tokens a sample's ``loss_mask`` marks 0 (text the model read but did not write).
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ class Sample:
     #: (:func:`mmoa.train.mappo.ppo_math.grpo_advantages`) and repeated on every response
     #: token; ``None`` under PPO, whose advantages come from the value head and GAE.
     advantage: float | None = None
+    #: One 0/1 flag per response token: 1 where the model wrote the token, 0 where the pipeline
+    #: appended it (the search agent's retrieved ``<information>``). Masked tokens stay in the
+    #: forward pass as context but enter no loss, KL, value or advantage. ``None``: all 1.
+    loss_mask: list[int] | None = None
 
 
 @dataclass
@@ -70,7 +75,13 @@ def collate(samples: Sequence[Sample], pad_id: int) -> SampleBatch:
         attention[row, : len(sequence)] = 1
         r = len(sample.response_ids)
         response_ids[row, :r] = torch.tensor(sample.response_ids, dtype=torch.long)
-        response_mask[row, :r] = 1.0
+        if sample.loss_mask is None:
+            response_mask[row, :r] = 1.0
+        else:
+            if len(sample.loss_mask) != r:
+                raise ValueError(f"sample {row} ({sample.agent}): loss_mask has "
+                                 f"{len(sample.loss_mask)} flags for {r} response tokens")
+            response_mask[row, :r] = torch.tensor(sample.loss_mask, dtype=torch.float32)
         start = len(sample.prompt_ids) - 1
         positions[row, :r] = torch.arange(start, start + r)
         positions[row, r:] = start + r - 1  # any valid index; masked out

@@ -10,6 +10,10 @@ with the trl it installs):
               -> rewards (shared answer F1 + per-agent penalties)
               -> PPO update of the shared policy and value head on the pooled agent samples
 
+With ``mappo_pipeline: search_agent`` the rollout is the multi-turn search agent instead and
+each trajectory is one sample whose retrieved tokens are masked out of the update
+(:mod:`mmoa.train.mappo.search_rollout`); everything else below holds for it too.
+
 With ``mappo_algorithm: grpo`` each question is rolled out ``mappo_group_size`` times in the
 same batched pipeline, every agent sample gets its advantage relative to its question's group
 (:mod:`mmoa.train.mappo.grpo`), and the update has no value head (none is created or saved).
@@ -212,9 +216,10 @@ class MappoTrainer(Trainer):
 
     # -- rollout and rewards -------------------------------------------------------------------
 
-    def rollout(self, records: Sequence[QARecord]) -> tuple[list[Trace], dict[str, float]]:
-        """The step's traces, ``rollouts_per_question`` per record (a record's next to each
-        other), and the seconds spent per stage."""
+    def rollout(self, records: Sequence[QARecord]) -> tuple[list[Any], dict[str, float]]:
+        """The step's traces (:class:`Trace`, or ``SearchTrajectory`` under ``mappo_pipeline:
+        search_agent``), ``rollouts_per_question`` per record (a record's next to each other),
+        and the seconds spent per stage."""
         # Under ZeRO-3 every process holds a slice of the weights: generation runs on the
         # gathered full weights (trl's helper), as in trl's own online trainers.
         from trl.models.utils import unwrap_model_for_generation
@@ -223,8 +228,18 @@ class MappoTrainer(Trainer):
             return self._rollout(unwrapped.policy, records)
 
     def _rollout(self, policy: Any, records: Sequence[QARecord]
-                 ) -> tuple[list[Trace], dict[str, float]]:
+                 ) -> tuple[list[Any], dict[str, float]]:
         policy.eval()
+        if self.mappo_args.is_search_agent:
+            from mmoa.train.mappo.search_rollout import search_pipeline
+
+            # one growing response per trajectory; one retrieval call per search round for
+            # every query of the step's trajectories
+            searcher = search_pipeline(policy, self.processing_class, self.renderer,
+                                       self.retriever, self.mappo_args)
+            trajectories = searcher.run([r.question for r in records],
+                                        group_size=self.mappo_args.rollouts_per_question)
+            return trajectories, searcher.last_timings
         settings = GenerationSettings(
             do_sample=True,
             temperature=self.mappo_args.mappo_temperature,
@@ -247,6 +262,10 @@ class MappoTrainer(Trainer):
                      ) -> tuple[list[Sample], dict[str, float]]:
         """Scores every trace and makes one sample per optimised agent and trace: under ppo
         with its score (GAE turns it into advantages), under grpo with its group advantage."""
+        if self.mappo_args.is_search_agent:
+            from mmoa.train.mappo.search_rollout import search_samples
+
+            return search_samples(records, traces, self.mappo_args)  # type: ignore[arg-type]
         samples: list[Sample] = []
         outcomes: list[PipelineOutcome] = []
         logs: dict[str, list[float]] = defaultdict(list)
@@ -497,7 +516,8 @@ class MappoTrainer(Trainer):
         """Seconds of the step: rollout ``t0..t1`` (generate and retrieve within it), scoring
         ``t1..t2``, update ``t2..t3``."""
         return {
-            "time/generate": sum(timings.get(k, 0.0) for k in ("qr", "selector", "generator")),
+            "time/generate": sum(timings.get(k, 0.0)
+                                 for k in ("qr", "selector", "generator", "generate")),
             "time/retrieve": timings.get("retrieve", 0.0),
             "time/score": t2 - t1,
             "time/update": t3 - t2,
@@ -615,6 +635,7 @@ class MappoTrainer(Trainer):
                     "world_size": self.args.world_size,
                     "algorithm": self.mappo_args.mappo_algorithm,
                     "group_size": self.mappo_args.rollouts_per_question,
+                    "pipeline": self.mappo_args.mappo_pipeline,
                 })
                 if distributed:
                     for part in staging.iterdir():
@@ -665,6 +686,11 @@ class MappoTrainer(Trainer):
                 f"{path}: saved by mappo_algorithm: {algorithm} but this run uses "
                 f"{self.mappo_args.mappo_algorithm} (only ppo has a value head); resume with "
                 f"mappo_algorithm: {algorithm}")
+        pipeline = saved.get("pipeline", "qr_s_g")  # checkpoints from before search_agent
+        if pipeline != self.mappo_args.mappo_pipeline:
+            raise ValueError(
+                f"{path}: saved by mappo_pipeline: {pipeline} but this run uses "
+                f"{self.mappo_args.mappo_pipeline}; resume with mappo_pipeline: {pipeline}")
         if questions != self.questions_per_step or world != self.args.world_size:
             raise ValueError(
                 f"{path}: saved with {questions} questions per step on {world} processes; this "

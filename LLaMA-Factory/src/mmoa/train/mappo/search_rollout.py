@@ -1,0 +1,104 @@
+"""Rollouts and samples of the multi-turn search agent (``mappo_pipeline: search_agent``).
+
+The trainer loop, the learner, the PPO maths, checkpoints and resume are those of MAPPO; this
+module only says how a step's questions become samples when one policy plays one multi-turn
+agent instead of three single-turn ones:
+
+* each trajectory is ONE sample: the prompt, the whole multi-turn response (model turns and the
+  appended ``<information>`` turns) and its ``loss_mask`` (1 on the tokens the model sampled, 0 on
+  what the pipeline appended), so retrieved tokens are context for the forward pass but get no
+  policy loss, KL, value loss or advantage (:mod:`mmoa.train.mappo.learner` packs the model's
+  tokens for GAE);
+* its score is the shared answer reward (``mappo_reward_metric`` of the answer under
+  ``mappo_scoring``, the same function as the three-agent pipeline's) plus
+  ``mappo_search_format_penalty`` when the trajectory ended malformed;
+* under GRPO a question's ``mappo_group_size`` trajectories are one group (the same
+  :func:`mmoa.train.mappo.grpo.group_samples` as the three agents, with one agent ``search``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from mmoa.agents.pipeline import DocumentRetriever, GenerationSettings
+from mmoa.agents.render import PromptRenderer
+from mmoa.agents.search_agent import SearchAgentPipeline, SearchTrajectory
+from mmoa.agents.search_tags import StopReason
+from mmoa.data.records import QARecord
+from mmoa.train.mappo.args import MappoArguments
+from mmoa.train.mappo.grpo import PipelineOutcome, group_samples
+from mmoa.train.mappo.rewards import shared_reward
+from mmoa.train.mappo.samples import Sample
+
+#: The one agent name of the search agent's samples (logs: ``response_length/search``).
+SEARCH_AGENT = "search"
+
+
+def search_pipeline(policy: Any, tokenizer: Any, renderer: PromptRenderer,
+                    retriever: DocumentRetriever, args: MappoArguments) -> SearchAgentPipeline:
+    """The sampling pipeline of a rollout, configured by the ``mappo_search_*`` keys."""
+    settings = GenerationSettings(do_sample=True, temperature=args.mappo_temperature,
+                                  top_p=args.mappo_top_p)
+    return SearchAgentPipeline(
+        policy, tokenizer, renderer, retriever, max_turns=args.mappo_search_max_turns,
+        max_queries=args.mappo_search_max_queries, top_k=args.mappo_search_top_k,
+        max_new_tokens=args.mappo_max_new_tokens_search, settings=settings,
+        batch_size=args.mappo_rollout_batch_size)
+
+
+def trajectory_score(trajectory: SearchTrajectory, golds: Sequence[str],
+                     args: MappoArguments) -> tuple[float, float]:
+    """``(shared answer reward, format penalty)`` of one trajectory."""
+    shared = shared_reward(trajectory.answer, list(golds), args.mappo_reward_metric,
+                           args.mappo_scoring)
+    penalty = 0.0 if trajectory.well_formed else args.mappo_search_format_penalty
+    return shared, penalty
+
+
+def search_samples(records: Sequence[QARecord], trajectories: Sequence[SearchTrajectory],
+                   args: MappoArguments) -> tuple[list[Sample], dict[str, float]]:
+    """The step's samples (one per trajectory) and its logs."""
+    copies = args.rollouts_per_question
+    repeated = [record for record in records for _ in range(copies)]
+    samples: list[Sample] = []
+    outcomes: list[PipelineOutcome] = []
+    logs: dict[str, list[float]] = {key: [] for key in (
+        "answer_f1", "reward", "response_length/search", "search/turns", "search/searches",
+        "search/queries", "search/retrieved_tokens", "search/well_formed", "search/forced")}
+    reasons: Counter[str] = Counter()
+    for record, trajectory in zip(repeated, trajectories, strict=True):
+        if trajectory.stop_reason is None:
+            raise RuntimeError(f"the search-agent rollout of {record.id!r} did not finish")
+        shared, penalty = trajectory_score(trajectory, record.answers, args)
+        reasons[trajectory.stop_reason.value] += 1
+        logs["answer_f1"].append(shared)
+        logs["reward"].append(shared + penalty)
+        logs["response_length/search"].append(trajectory.model_tokens)
+        logs["search/turns"].append(len(trajectory.turns))
+        logs["search/searches"].append(trajectory.num_searches)
+        logs["search/queries"].append(trajectory.num_queries)
+        logs["search/retrieved_tokens"].append(trajectory.retrieved_tokens)
+        logs["search/well_formed"].append(float(trajectory.well_formed))
+        logs["search/forced"].append(float(trajectory.stop_reason == StopReason.FORCED_ANSWER))
+        mask = list(trajectory.loss_mask) if args.mappo_search_mask_information else None
+        if args.is_grpo:
+            outcomes.append(PipelineOutcome(
+                calls={SEARCH_AGENT: (trajectory.prompt_ids, trajectory.response_ids, None)},
+                shared=shared, penalties={SEARCH_AGENT: penalty},
+                loss_masks={SEARCH_AGENT: mask} if mask is not None else {}))
+        else:
+            samples.append(Sample(SEARCH_AGENT, trajectory.prompt_ids, trajectory.response_ids,
+                                  shared + penalty, None, loss_mask=mask))
+    summary = {key: float(np.mean(values)) for key, values in logs.items() if values}
+    total = max(1, len(trajectories))
+    for reason in StopReason:
+        summary[f"search/stop/{reason.value}"] = reasons[reason.value] / total
+    if args.is_grpo:
+        samples, group_logs = group_samples(outcomes, copies, (SEARCH_AGENT,),
+                                            args.mappo_grpo_normalise, args.mappo_grpo_filter)
+        summary.update(group_logs)
+    return samples, summary
