@@ -47,12 +47,11 @@ GENERATOR_INSTRUCTION_NO_DOCS = (
 )
 
 
-@dataclass(frozen=True)
-class AgentPrompt:
-    """One agent call: an Alpaca ``(system, instruction, input)`` triple."""
+class ChatMessages:
+    """The user message and chat of an Alpaca-shaped prompt (a class with ``instruction`` and
+    ``input``): one definition for the three agents' prompts and the search agent's, so that
+    :class:`mmoa.agents.render.PromptRenderer` encodes every prompt the same way."""
 
-    agent: AgentName
-    system: str
     instruction: str
     input: str
 
@@ -66,6 +65,16 @@ class AgentPrompt:
             {"role": "user", "content": self.user},
             {"role": "assistant", "content": response},
         ]
+
+
+@dataclass(frozen=True)
+class AgentPrompt(ChatMessages):
+    """One agent call: an Alpaca ``(system, instruction, input)`` triple."""
+
+    agent: AgentName
+    system: str
+    instruction: str
+    input: str
 
     def alpaca(self, output: str) -> dict[str, str]:
         """An SFT record for LLaMA-Factory's ``alpaca`` formatting."""

@@ -21,6 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from mmoa.agents.prompts import ChatMessages
 from mmoa.defaults import SEARCH_MAX_QUERIES
 
 __all__ = [
@@ -195,22 +196,14 @@ def parse_turn(text: str, *, max_queries: int = SEARCH_MAX_QUERIES,
 
 
 @dataclass(frozen=True)
-class SearchPrompt:
-    """The first user message of a trajectory, shaped like
-    :class:`mmoa.agents.prompts.AgentPrompt` so :class:`mmoa.agents.render.PromptRenderer`
+class SearchPrompt(ChatMessages):
+    """The first user message of a trajectory; its chat is the agents' prompts' one
+    (:class:`mmoa.agents.prompts.ChatMessages`), so :class:`mmoa.agents.render.PromptRenderer`
     encodes it the same way."""
 
     system: str
     instruction: str
     input: str
-
-    @property
-    def user(self) -> str:
-        return "\n".join(part for part in (self.instruction, self.input) if part)
-
-    def messages(self, response: str = "") -> list[dict[str, str]]:
-        return [{"role": "user", "content": self.user},
-                {"role": "assistant", "content": response}]
 
 
 def search_prompt(question: str, max_queries: int = SEARCH_MAX_QUERIES) -> SearchPrompt:
