@@ -321,10 +321,10 @@ def test_the_pipeline_keeps_the_configured_number_of_subquestions() -> None:
     from mmoa.agents.pipeline import AgentCall, GenerationSettings, RagPipeline
 
     class Canned(RagPipeline):
-        def generate(self, agent, prompts, processor_for=None):  # no model: fixed outputs
+        def generate(self, agent, prompts, processor_for=None, copies=1):  # fixed outputs
             text = {"qr": "q1?\nq2?\nq3?\nq4?\nq5?\nq6?", "selector": "Document0",
                     "generator": "**x**"}[agent]
-            return [AgentCall(agent, p, [], [1], text) for p in prompts]
+            return [AgentCall(agent, p, [], [1], text) for p in prompts for _ in range(copies)]
 
     class Docs:
         def search_documents(self, queries, k):
