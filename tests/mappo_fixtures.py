@@ -28,6 +28,19 @@ def tiny_policy(seed: int = 0) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
+def sample_responses(model: Any, prompt: list[int], n: int, length: int,
+                     generator: torch.Generator) -> list[list[int]]:
+    """Samples ``length`` tokens for ``n`` copies of the prompt at once (ancestral sampling from
+    ``model.policy``, a :class:`PolicyWithValue`): the rollouts of the learning tests."""
+    ids = torch.tensor([prompt] * n)
+    with torch.no_grad():
+        for _ in range(length):
+            logits = model.policy(input_ids=ids).logits[:, -1]
+            token = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)
+            ids = torch.cat([ids, token], dim=1)
+    return ids[:, len(prompt):].tolist()
+
+
 def tiny_mappo_config(model: Path, data: Path, url: str, output: Path,
                       **extra: Any) -> dict[str, Any]:
     """A ``stage: mappo`` config over the ``tiny_mappo`` prompt set; ``extra`` overrides."""

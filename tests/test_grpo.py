@@ -26,7 +26,7 @@ from mmoa.train.mappo.ppo_math import (
     zero_variance_groups,
 )
 from mmoa.train.mappo.samples import Sample
-from tests.mappo_fixtures import EOS, tiny_policy
+from tests.mappo_fixtures import EOS, sample_responses, tiny_policy
 
 # -- the group advantage -------------------------------------------------------------------------
 
@@ -242,17 +242,6 @@ def test_the_kl_loss_term_enters_the_grpo_loss() -> None:
 # -- learning ------------------------------------------------------------------------------------
 
 
-def _sample_responses(model: PolicyWithValue, prompt: list[int], n: int, length: int,
-                      generator: torch.Generator) -> list[list[int]]:
-    ids = torch.tensor([prompt] * n)
-    with torch.no_grad():
-        for _ in range(length):
-            logits = model.policy(input_ids=ids).logits[:, -1]
-            token = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)
-            ids = torch.cat([ids, token], dim=1)
-    return ids[:, len(prompt):].tolist()
-
-
 @pytest.mark.parametrize(("normalise", "averaging"), [("mean_std", "token"),
                                                       ("mean", "sequence")])
 def test_grpo_raises_the_reward_on_a_known_task(normalise: str, averaging: str) -> None:
@@ -274,7 +263,7 @@ def test_grpo_raises_the_reward_on_a_known_task(normalise: str, averaging: str) 
     def rollout() -> tuple[list[Sample], float]:
         outcomes, rewards = [], []
         for agent, (prompt, target) in tasks.items():
-            for response in _sample_responses(model, prompt, group, 2, sampler):
+            for response in sample_responses(model, prompt, group, 2, sampler):
                 reward = float(response[0] == target)
                 rewards.append(reward)
                 outcomes.append(PipelineOutcome({agent: (prompt, response, None)}, reward,

@@ -18,7 +18,7 @@ from mmoa.train.mappo.learner import (
 from mmoa.train.mappo.ppo_math import logprobs_from_logits
 from mmoa.train.mappo.samples import Sample, collate, gather_positions, length_groups
 from mmoa.train.mappo.value_head import ValueHead
-from tests.mappo_fixtures import EOS, tiny_policy
+from tests.mappo_fixtures import EOS, sample_responses, tiny_policy
 
 
 def test_value_head_round_trip(tmp_path) -> None:
@@ -152,18 +152,6 @@ def test_mappo_arguments_read_strings_as_llamafactory_does() -> None:
         .mappo_questions_per_rollout == 0, "0: automatic, as the web UI writes it"
 
 
-def _sample_responses(model: PolicyWithValue, prompt: list[int], n: int, length: int,
-                      generator: torch.Generator) -> list[list[int]]:
-    """Samples ``length`` tokens for ``n`` copies of the prompt at once (ancestral sampling)."""
-    ids = torch.tensor([prompt] * n)
-    with torch.no_grad():
-        for _ in range(length):
-            logits = model.policy(input_ids=ids).logits[:, -1]
-            token = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)
-            ids = torch.cat([ids, token], dim=1)
-    return ids[:, len(prompt):].tolist()
-
-
 def test_ppo_learner_raises_the_reward_on_a_known_task() -> None:
     """Two "agents" share one tiny policy; each is rewarded for answering its own prompt
     with its own target token (best possible mean reward: 1.0). After a few PPO steps through
@@ -182,7 +170,7 @@ def test_ppo_learner_raises_the_reward_on_a_known_task() -> None:
     def rollout() -> tuple[list[Sample], float]:
         samples = []
         for agent, (prompt, target) in tasks.items():
-            for response in _sample_responses(model, prompt, 16, 2, sampler):
+            for response in sample_responses(model, prompt, 16, 2, sampler):
                 samples.append(Sample(agent, prompt, response, float(response[0] == target)))
         return samples, sum(s.score for s in samples) / len(samples)
 
