@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -79,6 +80,41 @@ def _rss_mb() -> float:
     return psutil.Process(os.getpid()).memory_info().rss / 2**20
 
 
+class PeakRSS:
+    """Highest resident memory of this process while active, sampled every ``interval`` s.
+
+    ``ru_maxrss`` is one high-water mark for the whole process, so it would also count the
+    baseline's whole-sequence logits; sampling lets the bench report the MAPPO steps' own peak
+    (what ``ppo`` vs ``grpo`` or full vs LoRA change) and nothing else."""
+
+    def __init__(self, interval: float = 0.02) -> None:
+        self.interval = interval
+        self.peak_mb = 0.0
+        self._active = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._active.is_set():
+                self.peak_mb = max(self.peak_mb, _rss_mb())
+            time.sleep(self.interval)
+
+    def __enter__(self) -> PeakRSS:
+        self.peak_mb = max(self.peak_mb, _rss_mb())
+        self._active.set()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._active.clear()
+        self.peak_mb = max(self.peak_mb, _rss_mb())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def run_mappo_steps(args: argparse.Namespace) -> tuple[list[dict], list, object]:
     """Runs the trainer's own step (``MappoTrainer._train_step``) and reads its phase timings."""
     from mmoa.train.mappo.learner import PPOLearner
@@ -98,9 +134,13 @@ def run_mappo_steps(args: argparse.Namespace) -> tuple[list[dict], list, object]
 
         trainer.make_samples = capture
         logs, samples = [], []
+        peak = PeakRSS()
         for step in range(args.steps + 1):  # step 0 warms up (allocations, first retrieval)
-            step_logs = trainer._train_step(step, learner)
-            _sync()
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+            with peak:
+                step_logs = trainer._train_step(step, learner)
+                _sync()
             if step == 0:
                 continue
             step_samples = captured[-1]
@@ -116,8 +156,10 @@ def run_mappo_steps(args: argparse.Namespace) -> tuple[list[dict], list, object]
                          "tokens": sum(len(x.prompt_ids) + len(x.response_ids)
                                        for x in step_samples),
                          "response_tokens": sum(len(x.response_ids) for x in step_samples),
-                         "answer_f1": step_logs.get("answer_f1", float("nan"))})
+                         "answer_f1": step_logs.get("answer_f1", float("nan")),
+                         "peak_rss_mb": peak.peak_mb, "peak_gpu_mb": _peak_gpu_mb()})
             samples.append(step_samples)
+        peak.close()
         return logs, samples, trainer
 
 
@@ -216,6 +258,8 @@ def main() -> None:
     config = _config(args, "-")
     model_path = config["model_name_or_path"]
     memory = {} if args.skip_memory else reference_memory(model_path)
+    peaks = {k: max((log.pop(k) or 0.0) for log in logs) or None
+             for k in ("peak_rss_mb", "peak_gpu_mb")}
     mean = {k: sum(log[k] for log in logs) / len(logs) for k in logs[0]}
     baseline = mean.pop("baseline")
     tokens = {k: mean.pop(k) for k in ("tokens", "response_tokens", "answer_f1")}
@@ -223,6 +267,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "threads": torch.get_num_threads(),
         "config": args.config, "model": model_path,
+        "algorithm": trainer.mappo_args.mappo_algorithm,
         "finetuning_type": config["finetuning_type"], "precision": args.precision,
         "questions_per_step": trainer.questions_per_step,
         "samples_per_step": len(samples[0]), "ppo_epochs": trainer.ppo_config.ppo_epochs,
@@ -233,6 +278,10 @@ def main() -> None:
         "target_overhead_ratio": 1.3,
         "tokens_per_step": round(tokens["tokens"]), "response_tokens_per_step":
             round(tokens["response_tokens"]), "rollout_answer_f1": round(tokens["answer_f1"], 4),
+        # highest over the warm-up and measured steps (the baseline excluded); process-wide
+        # resident memory on a CPU, allocated CUDA memory on a GPU
+        "peak_step_rss_mb": round(peaks["peak_rss_mb"], 1),
+        "peak_step_gpu_mb": peaks["peak_gpu_mb"] and round(peaks["peak_gpu_mb"], 1),
         "memory": memory,
     }
     print(json.dumps(result, indent=2))
@@ -243,6 +292,9 @@ def main() -> None:
     print(f"{'MAPPO step':<16}{result['mappo_step_s']:>10.3f}")
     print(f"{'baseline':<16}{result['baseline_step_s']:>10.3f}   (generate + fwd/bwd, same tokens)")
     print(f"{'overhead':<16}{result['overhead_ratio']:>10.3f}   (target <= 1.3)")
+    print(f"{'peak RSS (MB)':<16}{result['peak_step_rss_mb']:>10.1f}   (during the MAPPO steps)")
+    if result["peak_step_gpu_mb"]:
+        print(f"{'peak GPU (MB)':<16}{result['peak_step_gpu_mb']:>10.1f}")
     if memory:
         print(f"reference memory: adapter-disabled {memory['adapter_disabled_reference_mb']} MB"
               f" vs separate copy {memory['separate_reference_copy_mb']} MB "
