@@ -145,8 +145,9 @@ def run_mappo_steps(args: argparse.Namespace) -> tuple[list[dict], list, object]
                 continue
             step_samples = captured[-1]
             # The baseline runs right after, on the same samples, so both see the same machine.
-            baseline = baseline_seconds(trainer, [step_samples], trainer.ppo_config.ppo_epochs,
-                                        trainer.ppo_config.mini_batch_size)[0]
+            baseline = None if args.skip_baseline else baseline_seconds(
+                trainer, [step_samples], trainer.ppo_config.ppo_epochs,
+                trainer.ppo_config.mini_batch_size)[0]
             logs.append({"step": step_logs["time/step"], "generate": step_logs["time/generate"],
                          "retrieve": step_logs["time/retrieve"],
                          "rollout_other": step_logs["time/rollout"]
@@ -251,6 +252,8 @@ def main() -> None:
     parser.add_argument("--learning_rate", type=float, help="default: the config's")
     parser.add_argument("--skip_memory", action="store_true",
                         help="skip the reference-memory comparison")
+    parser.add_argument("--skip_baseline", action="store_true",
+                        help="time and memory of the MAPPO steps only (e.g. ppo vs grpo)")
     parser.add_argument("--json-out")
     args = parser.parse_args()
 
@@ -260,8 +263,9 @@ def main() -> None:
     memory = {} if args.skip_memory else reference_memory(model_path)
     peaks = {k: max((log.pop(k) or 0.0) for log in logs) or None
              for k in ("peak_rss_mb", "peak_gpu_mb")}
+    baselines = [log.pop("baseline") for log in logs]
     mean = {k: sum(log[k] for log in logs) / len(logs) for k in logs[0]}
-    baseline = mean.pop("baseline")
+    baseline = None if args.skip_baseline else sum(baselines) / len(baselines)
     tokens = {k: mean.pop(k) for k in ("tokens", "response_tokens", "answer_f1")}
     result = {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
@@ -273,8 +277,8 @@ def main() -> None:
         "samples_per_step": len(samples[0]), "ppo_epochs": trainer.ppo_config.ppo_epochs,
         "mappo_step_s": round(mean["step"], 3),
         "phases_s": {k: round(v, 3) for k, v in mean.items() if k != "step"},
-        "baseline_step_s": round(baseline, 3),
-        "overhead_ratio": round(mean["step"] / baseline, 3),
+        "baseline_step_s": baseline and round(baseline, 3),
+        "overhead_ratio": baseline and round(mean["step"] / baseline, 3),
         "target_overhead_ratio": 1.3,
         "tokens_per_step": round(tokens["tokens"]), "response_tokens_per_step":
             round(tokens["response_tokens"]), "rollout_answer_f1": round(tokens["answer_f1"], 4),
@@ -290,8 +294,10 @@ def main() -> None:
     for key, value in result["phases_s"].items():
         print(f"{key:<16}{value:>10.3f}")
     print(f"{'MAPPO step':<16}{result['mappo_step_s']:>10.3f}")
-    print(f"{'baseline':<16}{result['baseline_step_s']:>10.3f}   (generate + fwd/bwd, same tokens)")
-    print(f"{'overhead':<16}{result['overhead_ratio']:>10.3f}   (target <= 1.3)")
+    if baseline:
+        print(f"{'baseline':<16}{result['baseline_step_s']:>10.3f}   "
+              "(generate + fwd/bwd, same tokens)")
+        print(f"{'overhead':<16}{result['overhead_ratio']:>10.3f}   (target <= 1.3)")
     print(f"{'peak RSS (MB)':<16}{result['peak_step_rss_mb']:>10.1f}   (during the MAPPO steps)")
     if result["peak_step_gpu_mb"]:
         print(f"{'peak GPU (MB)':<16}{result['peak_step_gpu_mb']:>10.1f}")
