@@ -9,8 +9,10 @@ are depends on the model, so it is measured:
    seed, into train / dev / test parts;
 2. the zero-shot model answers the train and dev parts closed book: greedy, the decision prompt
    with the answer forced (``DecisionAgentPipeline(policy="never")``, the very prompt the agent
-   is trained and evaluated with), scored by ``correct_metric`` (default ``acc``: a gold answer
-   appears in the prediction, as the model's format is only taught later by SFT);
+   is trained and evaluated with), judged by ``correct_metric``: ``contains`` (default: the
+   normalised gold answer's words appear, as whole words and in order, in the normalised
+   prediction, since the model's short-answer format is only taught later by SFT; a plain
+   substring test would count the symbol "I" of iodine in "I do not know") or ``em``;
 3. the ``known`` group of train and of dev is the questions it answered correctly there (so the
    SFT labels come from measured correctness);
 4. the test part is never measured: the categories whose dev accuracy reaches
@@ -34,11 +36,11 @@ from typing import Any
 
 from mmoa.data.records import QARecord
 from mmoa.fileio import atomic_dir, atomic_write_json, atomic_write_jsonl
-from mmoa.metrics import DEFAULT_PROFILE, score_answer
+from mmoa.metrics import DEFAULT_PROFILE, get_profile, normalize_answer, score_answer
 from mmoa_demo.general_knowledge import KnowledgeQuestion, general_knowledge_questions
 
 SPLITS = ("train", "dev", "test")
-CORRECT_METRICS = ("acc", "em")
+CORRECT_METRICS = ("contains", "em")
 #: ``questions -> predictions`` (closed book), one per question in order.
 Answerer = Callable[[Sequence[str]], list[str]]
 
@@ -49,7 +51,7 @@ class KnownSplitConfig:
     #: Shares of the general-knowledge questions in the train and dev parts (test: the rest).
     train_share: float = 0.5
     dev_share: float = 0.25
-    correct_metric: str = "acc"
+    correct_metric: str = "contains"
     min_category_accuracy: float = 0.5
     scoring: str = DEFAULT_PROFILE
 
@@ -64,6 +66,21 @@ class KnownSplitConfig:
         if not 0 <= self.min_category_accuracy <= 1:
             raise ValueError(f"min_category_accuracy must be in [0, 1], got "
                              f"{self.min_category_accuracy}")
+
+
+def answered(prediction: str, golds: Sequence[str], metric: str = "contains",
+             scoring: str = DEFAULT_PROFILE) -> bool:
+    """Whether a closed-book prediction counts as knowing the answer (see the module)."""
+    if metric == "em":
+        return bool(score_answer(prediction, list(golds), profile=scoring).em)
+    normalizer = get_profile(scoring).normalizer
+    words = normalize_answer(prediction, normalizer).split()
+    for gold in golds:
+        target = normalize_answer(gold, normalizer).split()
+        if target and any(words[i: i + len(target)] == target
+                          for i in range(len(words) - len(target) + 1)):
+            return True
+    return False
 
 
 def split_pool(pool: Sequence[KnowledgeQuestion], config: KnownSplitConfig
@@ -107,10 +124,8 @@ def build_known_split(pool: Sequence[KnowledgeQuestion],
         if len(predictions[split]) != len(questions):
             raise ValueError(f"the answerer returned {len(predictions[split])} predictions for "
                              f"{len(questions)} {split} questions")
-        correct[split] = [
-            bool(getattr(score_answer(p, list(q.answers), profile=config.scoring),
-                         config.correct_metric))
-            for q, p in zip(questions, predictions[split], strict=True)]
+        correct[split] = [answered(p, q.answers, config.correct_metric, config.scoring)
+                          for q, p in zip(questions, predictions[split], strict=True)]
     totals: Counter[str] = Counter(q.category for q in parts["dev"])
     hits: Counter[str] = Counter(q.category for q, ok in zip(parts["dev"], correct["dev"],
                                                              strict=True) if ok)
@@ -187,8 +202,8 @@ def add_known_split_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="data/demo_decision", help="output folder")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--correct_metric", default="acc", choices=CORRECT_METRICS,
-                        help="what counts as answered: acc (a gold answer appears; default) or "
-                             "em")
+                        help="what counts as answered: contains (the gold answer's words "
+                             "appear in order; default) or em")
     parser.add_argument("--min_category_accuracy", type=float, default=0.5,
                         help="dev accuracy a category needs for its test questions to join the "
                              "test 'known' group (default 0.5)")
