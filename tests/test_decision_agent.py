@@ -149,3 +149,32 @@ def test_decision_keys_defaults_alias_and_errors() -> None:
             ("mappo_decision_top_k", 0, "mappo_decision_top_k")):
         with pytest.raises(ValueError, match=message):
             split_mappo_args({"mappo_pipeline": "decision_agent", key: value})
+
+
+# -- the example configs -----------------------------------------------------------------------
+
+
+def test_the_decision_examples_parse_and_train_the_same_trajectories_per_step() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    demo = Path(__file__).resolve().parents[1] / "LLaMA-Factory" / "examples" / "demo"
+    grpo, rest = split_mappo_args(yaml.safe_load(
+        (demo / "smollm2_decision_agent_grpo.yaml").read_text()))
+    ppo, _ = split_mappo_args(yaml.safe_load(
+        (demo / "smollm2_decision_agent_ppo.yaml").read_text()))
+    tiny, _ = split_mappo_args(yaml.safe_load(
+        (demo / "tiny_decision_agent_grpo.yaml").read_text()))
+    assert rest["stage"] == "mappo" and rest["dataset"] == "demo_decision_mappo"
+    for args in (grpo, ppo, tiny):
+        assert args.is_decision_agent
+        assert (args.mappo_decision_retrieval_cost, args.mappo_decision_malformed_penalty,
+                args.mappo_decision_answer_reward) == (0.2, 1.0, "em_f1")
+    assert (grpo.mappo_algorithm, ppo.mappo_algorithm) == ("grpo", "ppo")
+    assert grpo.mappo_questions_per_rollout * grpo.rollouts_per_question \
+        == ppo.mappo_questions_per_rollout * ppo.rollouts_per_question
+    sft = yaml.safe_load((demo / "smollm2_decision_agent_sft.yaml").read_text())
+    assert (sft["stage"], sft["dataset"], sft["mask_history"]) \
+        == ("sft", "demo_decision_sft", True)
+    assert grpo.mappo_decision_max_searches == 2
