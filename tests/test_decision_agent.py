@@ -178,3 +178,34 @@ def test_the_decision_examples_parse_and_train_the_same_trajectories_per_step() 
     assert (sft["stage"], sft["dataset"], sft["mask_history"]) \
         == ("sft", "demo_decision_sft", True)
     assert grpo.mappo_decision_max_searches == 2
+
+
+# -- real data: PopQA's popular / unpopular groups ---------------------------------------------
+
+
+def test_popqa_records_carry_their_popularity_group(tmp_path) -> None:
+    import json
+
+    from mmoa.data.loaders import POPQA_POPULAR_MIN_VIEWS, load_qa
+    from mmoa.fileio import DataFormatError
+
+    rows = [
+        {"id": 4222362, "subj": "George Rankin", "prop": "occupation", "s_pop": 142,
+         "question": "What is George Rankin's occupation?",
+         "possible_answers": '["politician", "political leader"]'},
+        {"id": 1, "subj": "Paris", "prop": "country", "s_pop": POPQA_POPULAR_MIN_VIEWS,
+         "question": "In what country is Paris?", "possible_answers": ["France"]},
+    ]
+    path = tmp_path / "popqa.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rare, famous = load_qa(path)
+    assert (rare.id, rare.answers, rare.type, rare.group) \
+        == ("4222362", ["politician", "political leader"], "occupation", "unpopular")
+    assert (famous.answers, famous.group) == (["France"], "popular")
+    assert famous.to_dict()["group"] == "popular"
+    path.write_text(json.dumps({**rows[0], "possible_answers": "politician"}) + "\n")
+    with pytest.raises(DataFormatError, match="possible_answers"):
+        load_qa(path)
+    path.write_text(json.dumps({**rows[0], "s_pop": "many"}) + "\n")
+    with pytest.raises(DataFormatError, match="s_pop"):
+        load_qa(path)

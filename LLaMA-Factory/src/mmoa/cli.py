@@ -160,7 +160,7 @@ def _cmd_mappo_data(args: argparse.Namespace) -> int:
 
 def _add_qa_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data_file", help="a QA file (HotpotQA, 2Wiki, AmbigQA, FlashRAG, "
-                        "NQ-open or demo format)")
+                        "NQ-open, PopQA or demo format)")
     parser.add_argument("--data_format", default="auto", help="its format (default: detect)")
     parser.add_argument("--dataset", help="or: a QA set registered in dataset_info.json")
     parser.add_argument("--dataset_dir", default="data",
@@ -475,7 +475,8 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
     ev.add_argument("--dataset_dir", default="data", help="folder of dataset_info.json")
     ev.add_argument("--data_file", help="a QA file instead of --dataset")
     ev.add_argument("--data_format", default="auto",
-                    help="hotpotqa, 2wiki, ambigqa, flashrag, nq_open, demo or auto (default)")
+                    help="hotpotqa, 2wiki, ambigqa, flashrag, nq_open, popqa, demo or auto "
+                         "(default)")
     ev.add_argument("--retriever_url", default="http://127.0.0.1:8000",
                     help="the running retrieval server (bash run_server.sh --index DIR; "
                          "default http://127.0.0.1:8000)")
