@@ -6,8 +6,9 @@ are the 'known' group (test: the categories chosen on dev, never measured), mixe
 world's questions (group 'world'). See docs/decision_agent.md.
 
 Example:
-  python data_builders/decision_known_split.py --model_name_or_path models/smollm2-135m \\
-      --template smollm2 --world_dir data/demo --out data/demo_decision
+  python data_builders/decision_known_split.py \\
+      --model_name_or_path models/smollm2-135m-instruct --template smollm2 \\
+      --world_dir data/demo --out data/demo_decision
 """
 
 import sys

@@ -201,7 +201,7 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
             "  mmoa-cli data mappo --data_file data/demo/train.jsonl --name demo_mappo\n"
             "  mmoa-cli data search-sft --data_file data/demo/train.jsonl \\\n"
             "      --name demo_search_sft --retriever_url http://127.0.0.1:8000\n"
-            "  mmoa-cli data known-split --model_name_or_path models/smollm2-135m \\\n"
+            "  mmoa-cli data known-split --model_name_or_path models/smollm2-135m-instruct \\\n"
             "      --template smollm2 --world_dir data/demo --out data/demo_decision\n"
             "  mmoa-cli data decision-sft --data_file data/demo_decision/train.jsonl \\\n"
             "      --name demo_decision_sft --retriever_url http://127.0.0.1:8000\n"
@@ -322,16 +322,17 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
     known = kinds.add_parser(
         "known-split",
         help="measure the zero-shot model closed book on general-knowledge questions and write "
-             "the decision agent's mixed known/world splits",
+             "the decision agent's mixed known/world splits (demo)",
         description=(
-            "Ask the zero-shot model the bundled general-knowledge questions closed book "
-            "(greedy, the decision prompt with the answer forced); the DEV questions it answers "
-            "correctly become the 'known' group. Write train/dev/test files mixing them with "
-            "the demo world's questions ('world' group), each record with its group "
-            "(docs/decision_agent.md). Test questions are never used to choose."
+            "Ask the zero-shot model the train and dev parts of the bundled general-knowledge "
+            "questions closed book (greedy, the decision prompt with the answer forced); those "
+            "it answers correctly are the 'known' group of train and dev, and the test part "
+            "(never asked) takes the categories whose dev accuracy is high enough. Write "
+            "train/dev/test files mixing them with the demo world's questions ('world' group), "
+            "each record with its group (docs/decision_agent.md)."
         ),
         epilog=(
-            "example: mmoa-cli data known-split --model_name_or_path models/smollm2-135m "
+            "example: mmoa-cli data known-split --model_name_or_path models/smollm2-135m-instruct "
             "--template smollm2 --world_dir data/demo --out data/demo_decision"
         ),
     )

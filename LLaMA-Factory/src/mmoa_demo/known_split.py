@@ -195,7 +195,7 @@ def model_answerer(model_name_or_path: str, template: str, batch_size: int = 16,
 
 def add_known_split_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model_name_or_path", required=True,
-                        help="the zero-shot model to measure (e.g. models/smollm2-135m)")
+                        help="the zero-shot model to measure (e.g. models/smollm2-135m-instruct)")
     parser.add_argument("--template", default="llama3", help="its template (smollm2 for SmolLM2)")
     parser.add_argument("--world_dir", default="data/demo",
                         help="the demo world whose train/dev/test.jsonl join as group 'world'")
