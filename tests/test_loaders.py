@@ -479,7 +479,8 @@ def test_max_samples(tmp_path: Path) -> None:
 
 
 def test_formats_registry() -> None:
-    assert set(FORMATS) == {"hotpotqa", "2wiki", "ambigqa", "flashrag", "nq_open", "demo"}
+    assert set(FORMATS) == {"hotpotqa", "2wiki", "ambigqa", "flashrag", "nq_open", "demo",
+                            "popqa"}
     with pytest.raises(ValueError, match="unknown dataset format 'squad'"):
         load_qa("whatever.json", "squad")
 

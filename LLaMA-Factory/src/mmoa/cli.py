@@ -111,6 +111,39 @@ def _cmd_search_sft_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_decision_sft_data(args: argparse.Namespace) -> int:
+    from mmoa.data.decision_agent_sft import DecisionSFTConfig, build_decision_sft_records
+    from mmoa.data.search_agent_sft import write_search_sft_dataset
+    from mmoa.retrieval.client import RetrievalClient
+
+    try:
+        records = _load_qa_from_args(args)
+        client = RetrievalClient(args.retriever_url, token=args.retriever_token)
+        client.health()
+        config = DecisionSFTConfig(dataset_dir=args.dataset_dir, name=args.name,
+                                   top_k=args.top_k, max_searches=args.max_searches,
+                                   segment=not args.no_segment,
+                                   require_support=not args.keep_unsupported)
+        samples, report = build_decision_sft_records(records, client, config)
+        if not samples:
+            raise ValueError("no trajectory could be built (see the skipped counts: "
+                             f"{dict(report.skipped)})")
+    except (ValueError, KeyError, FileNotFoundError, ConnectionError) as err:
+        print(f"mmoa-cli data decision-sft: error: {err} (nothing was written)",
+              file=sys.stderr)
+        return 2
+    write_search_sft_dataset(samples, config, report)
+    print("\n".join(report.lines()))
+    print(f"  registered as {args.name!r} (sharegpt) in {args.dataset_dir}/dataset_info.json")
+    return 0
+
+
+def _cmd_known_split(args: argparse.Namespace) -> int:
+    from mmoa_demo.known_split import run_known_split
+
+    return run_known_split(args)
+
+
 def _cmd_mappo_data(args: argparse.Namespace) -> int:
     from mmoa.data.sft_builder import write_mappo_dataset
 
@@ -127,7 +160,7 @@ def _cmd_mappo_data(args: argparse.Namespace) -> int:
 
 def _add_qa_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data_file", help="a QA file (HotpotQA, 2Wiki, AmbigQA, FlashRAG, "
-                        "NQ-open or demo format)")
+                        "NQ-open, PopQA or demo format)")
     parser.add_argument("--data_format", default="auto", help="its format (default: detect)")
     parser.add_argument("--dataset", help="or: a QA set registered in dataset_info.json")
     parser.add_argument("--dataset_dir", default="data",
@@ -147,7 +180,13 @@ def _add_ambigqa_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_data_commands(commands: argparse._SubParsersAction) -> None:
-    from mmoa.defaults import SEARCH_MAX_QUERIES, SEARCH_MAX_TURNS, SEARCH_TOP_K
+    from mmoa.defaults import (
+        DECISION_MAX_SEARCHES,
+        DECISION_TOP_K,
+        SEARCH_MAX_QUERIES,
+        SEARCH_MAX_TURNS,
+        SEARCH_TOP_K,
+    )
 
     data = commands.add_parser(
         "data", help="build datasets (demo world, pre-training text, SFT data, MAPPO data)",
@@ -162,6 +201,10 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
             "  mmoa-cli data mappo --data_file data/demo/train.jsonl --name demo_mappo\n"
             "  mmoa-cli data search-sft --data_file data/demo/train.jsonl \\\n"
             "      --name demo_search_sft --retriever_url http://127.0.0.1:8000\n"
+            "  mmoa-cli data known-split --model_name_or_path models/smollm2-135m-instruct \\\n"
+            "      --template smollm2 --world_dir data/demo --out data/demo_decision\n"
+            "  mmoa-cli data decision-sft --data_file data/demo_decision/train.jsonl \\\n"
+            "      --name demo_decision_sft --retriever_url http://127.0.0.1:8000\n"
             "Run 'mmoa-cli data <dataset> --help' for the options of one builder."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -244,6 +287,57 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
     search.add_argument("--keep_unsupported", action="store_true",
                         help="keep trajectories whose information misses a gold passage")
     search.set_defaults(handler=_cmd_search_sft_data)
+
+    decision = kinds.add_parser(
+        "decision-sft",
+        help="build the decision agent's warm-start SFT data (needs the retrieval server)",
+        description=(
+            "Build ShareGPT SFT trajectories of the retrieve-or-answer decision agent: a direct "
+            "[Answer] for the records of group 'known' (the model answers them closed book), "
+            "[Search] then [Answer] after the live server's documents for the others; "
+            "segmented per model turn (docs/decision_agent.md)."
+        ),
+        epilog=(
+            "example: mmoa-cli data decision-sft --data_file data/demo_decision/train.jsonl "
+            "--name demo_decision_sft --retriever_url http://127.0.0.1:8000"
+        ),
+    )
+    _add_qa_source_arguments(decision)
+    decision.add_argument("--name", default="demo_decision_sft", help="dataset name to register")
+    decision.add_argument("--retriever_url", default="http://127.0.0.1:8000",
+                          help="the running retrieval server (default http://127.0.0.1:8000)")
+    decision.add_argument("--retriever_token", help="bearer token of the retrieval server")
+    decision.add_argument("--top_k", type=int, default=DECISION_TOP_K,
+                          help=f"documents per search (default {DECISION_TOP_K})")
+    decision.add_argument("--max_searches", type=int, default=DECISION_MAX_SEARCHES,
+                          help=f"most searches of a trajectory (default {DECISION_MAX_SEARCHES})")
+    decision.add_argument("--no_segment", action="store_true",
+                          help="one sample per trajectory (train it with mask_history: false)")
+    decision.add_argument("--keep_unsupported", action="store_true",
+                          help="keep trajectories whose documents miss a gold passage")
+    decision.set_defaults(handler=_cmd_decision_sft_data)
+
+    from mmoa_demo.known_split import add_known_split_arguments
+
+    known = kinds.add_parser(
+        "known-split",
+        help="measure the zero-shot model closed book on general-knowledge questions and write "
+             "the decision agent's mixed known/world splits (demo)",
+        description=(
+            "Ask the zero-shot model the train and dev parts of the bundled general-knowledge "
+            "questions closed book (greedy, the decision prompt with the answer forced); those "
+            "it answers correctly are the 'known' group of train and dev, and the test part "
+            "(never asked) takes the categories whose dev accuracy is high enough. Write "
+            "train/dev/test files mixing them with the demo world's questions ('world' group), "
+            "each record with its group (docs/decision_agent.md)."
+        ),
+        epilog=(
+            "example: mmoa-cli data known-split --model_name_or_path models/smollm2-135m-instruct "
+            "--template smollm2 --world_dir data/demo --out data/demo_decision"
+        ),
+    )
+    add_known_split_arguments(known)
+    known.set_defaults(handler=_cmd_known_split)
 
     from mmoa_demo.pretrain_text import build_arg_parser as pretrain_parser
     from mmoa_demo.pretrain_text import run as run_pretrain
@@ -382,7 +476,8 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
     ev.add_argument("--dataset_dir", default="data", help="folder of dataset_info.json")
     ev.add_argument("--data_file", help="a QA file instead of --dataset")
     ev.add_argument("--data_format", default="auto",
-                    help="hotpotqa, 2wiki, ambigqa, flashrag, nq_open, demo or auto (default)")
+                    help="hotpotqa, 2wiki, ambigqa, flashrag, nq_open, popqa, demo or auto "
+                         "(default)")
     ev.add_argument("--retriever_url", default="http://127.0.0.1:8000",
                     help="the running retrieval server (bash run_server.sh --index DIR; "
                          "default http://127.0.0.1:8000)")
@@ -390,8 +485,9 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
     ev.add_argument("--mode", default="qr_s_g", choices=EVAL_MODES,
                     help="which agents run: qr_s_g (default: Query Rewriter, Selector, "
                          "Generator), qr_g, s_g, rag (retrieve, then generate), g (no "
-                         "retrieval) or search_agent (the multi-turn search agent; "
-                         "docs/search_agent.md)")
+                         "retrieval), search_agent (the multi-turn search agent; "
+                         "docs/search_agent.md) or decision_agent (answer or search, "
+                         "SmartRAG; docs/decision_agent.md)")
     ev.add_argument("--k", type=int, default=10,
                     help="candidate documents per question (default 10; the demo uses 5)")
     ev.add_argument("--batch_size", type=int, default=16,
@@ -419,6 +515,18 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
         default = EvalConfig.__dataclass_fields__[name].default
         ev.add_argument(f"--{name}", type=int,
                         help=f"mode search_agent: {what} (default {default})")
+    for name, what in (("decision_max_searches", "searches before the answer is forced"),
+                       ("decision_top_k", "documents per search"),
+                       ("max_new_tokens_decision", "new tokens per model turn")):
+        default = EvalConfig.__dataclass_fields__[name].default
+        ev.add_argument(f"--{name}", type=int,
+                        help=f"mode decision_agent: {what} (default {default})")
+    from mmoa.evaluation import DECISION_POLICIES
+
+    ev.add_argument("--decision_policy", choices=DECISION_POLICIES,
+                    help="mode decision_agent: model (default: the model decides), always "
+                         "(baseline: search once with the question, then answer) or never "
+                         "(baseline: answer closed book)")
     ev.add_argument("--compare", nargs="+", metavar="[NAME=]METRICS",
                     help="print one table for several metrics.json files (or their folders); "
                          "NAME= names the row (default: the path)")

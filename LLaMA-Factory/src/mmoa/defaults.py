@@ -61,3 +61,14 @@ SEARCH_MAX_TURNS = 4
 SEARCH_TOP_K = 3
 SEARCH_MAX_NEW_TOKENS = 128
 SEARCH_FORMAT_PENALTY = 0.0
+
+# The retrieve-or-answer decision agent (``mappo_pipeline: decision_agent``; SmartRAG): searches
+# before the answer is forced (SmartRAG's quota), documents per search, new tokens per turn, and
+# the reward ``answer reward - retrieval cost x searches - malformed penalty`` with SmartRAG's
+# values (answer reward EM + F1, 0.2 per search, 1 for a malformed output).
+DECISION_MAX_SEARCHES = 2
+DECISION_TOP_K = 3
+DECISION_MAX_NEW_TOKENS = 48
+DECISION_RETRIEVAL_COST = 0.2
+DECISION_MALFORMED_PENALTY = 1.0
+DECISION_ANSWER_REWARD = "em_f1"

@@ -5,6 +5,14 @@ with the same scores, and records per question its turns, retrieval rounds, quer
 tokens and seconds (the batch's wall time over its questions); every mode reports seconds per
 question, so one table compares the search agent with the three-agent modes.
 
+``mode: decision_agent`` evaluates the retrieve-or-answer decision agent (SmartRAG,
+:mod:`mmoa.agents.decision_agent`) with ``decision_policy`` ``model`` (the policy decides),
+``always`` (retrieve once with the question, then answer) or ``never`` (answer closed book):
+besides the scores it reports the retrieval rate (share of questions that searched) and the
+searches per question. Whenever the records carry a ``group`` (``known`` / ``world`` in the
+decision agent's mixed sets) ``metrics.json`` has ``by_group`` (n, EM, F1, retrieval rate,
+searches per group) and the table a row per group under the run's row.
+
 The pipeline runs greedily over a QA set in batches; every question's trace and scores go to
 ``predictions.jsonl`` and the aggregate to ``metrics.json``. The scores come from
 :mod:`mmoa.metrics`, the same functions the MAPPO reward uses, under a named scoring profile
@@ -30,6 +38,9 @@ from mmoa.data.records import QARecord
 from mmoa.data.registry import load_dataset_records
 from mmoa.data.support import GoldSupport
 from mmoa.defaults import (
+    DECISION_MAX_NEW_TOKENS,
+    DECISION_MAX_SEARCHES,
+    DECISION_TOP_K,
     MAX_NEW_TOKENS,
     SEARCH_MAX_NEW_TOKENS,
     SEARCH_MAX_QUERIES,
@@ -42,7 +53,11 @@ from mmoa.precision import autocast, check_precision_name, resolve_precision
 
 #: The search agent's evaluation mode, beside the three-agent pipeline's ``MODES``.
 SEARCH_AGENT_MODE = "search_agent"
-EVAL_MODES: tuple[str, ...] = (*MODES, SEARCH_AGENT_MODE)
+#: The decision agent's evaluation mode (SmartRAG: answer or search, with a retrieval rate).
+DECISION_AGENT_MODE = "decision_agent"
+EVAL_MODES: tuple[str, ...] = (*MODES, SEARCH_AGENT_MODE, DECISION_AGENT_MODE)
+#: ``decision_policy``: the policy decides, or one of the two baselines.
+DECISION_POLICIES: tuple[str, ...] = ("model", "always", "never")
 PREDICTIONS_FILE = "predictions.jsonl"
 METRICS_FILE = "metrics.json"
 
@@ -78,6 +93,12 @@ class EvalConfig:
     search_max_queries: int = SEARCH_MAX_QUERIES
     search_top_k: int = SEARCH_TOP_K
     max_new_tokens_search: int = SEARCH_MAX_NEW_TOKENS
+    #: ``mode: decision_agent``: searches before the answer is forced, documents per search,
+    #: new tokens per turn, and who decides (``model``, or the ``always`` / ``never`` baseline).
+    decision_max_searches: int = DECISION_MAX_SEARCHES
+    decision_top_k: int = DECISION_TOP_K
+    max_new_tokens_decision: int = DECISION_MAX_NEW_TOKENS
+    decision_policy: str = "model"
     #: ``auto`` (bf16 autocast where the hardware has bf16, see :mod:`mmoa.precision`), ``bf16``
     #: or ``fp32``.
     precision: str = "auto"
@@ -93,9 +114,27 @@ class EvalConfig:
         if (self.dataset is None) == (self.data_file is None):
             raise ValueError("give exactly one of --dataset (a registered name) or --data_file")
         for name in ("k", "batch_size", "search_max_turns", "search_max_queries",
-                     "search_top_k", "max_new_tokens_search"):
+                     "search_top_k", "max_new_tokens_search", "decision_top_k",
+                     "max_new_tokens_decision"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.decision_max_searches < 0:
+            raise ValueError(f"decision_max_searches must be at least 0, got "
+                             f"{self.decision_max_searches}")
+        if self.decision_policy not in DECISION_POLICIES:
+            raise ValueError(f"decision_policy must be one of {', '.join(DECISION_POLICIES)}, "
+                             f"got {self.decision_policy!r}")
+        if self.decision_policy != "model" and self.mode != DECISION_AGENT_MODE:
+            raise ValueError(f"decision_policy {self.decision_policy} needs mode "
+                             f"{DECISION_AGENT_MODE}, got mode {self.mode}")
+
+    @property
+    def needs_retriever(self) -> bool:
+        """Whether the run sends queries (closed-book runs need no server)."""
+        if self.mode == DECISION_AGENT_MODE:
+            return self.decision_policy == "always" or (
+                self.decision_policy == "model" and self.decision_max_searches > 0)
+        return self.mode != "g"
 
 
 def load_records(config: EvalConfig) -> list[QARecord]:
@@ -147,6 +186,8 @@ def score_trace(record: QARecord, trace: Trace, mode: str,
     scoring profile ``scoring``."""
     scores = score_answer(trace.answer, record.answers, profile=scoring)
     row = {"id": record.id, **trace.to_dict(), "answers": record.answers, "type": record.type}
+    if record.group is not None:
+        row["group"] = record.group
     row["scores"] = {**scores.as_dict(), "rouge_l": _rouge_l(trace.answer, record.answers)}
     agents = MODE_AGENTS[mode]
     stats: dict[str, Any] = {}
@@ -176,6 +217,8 @@ def score_search_trajectory(record: QARecord, trajectory: Any,
     scores = score_answer(trajectory.answer, record.answers, profile=scoring)
     row = {"id": record.id, **trajectory.to_dict(), "answers": record.answers,
            "type": record.type}
+    if record.group is not None:
+        row["group"] = record.group
     row["scores"] = {**scores.as_dict(), "rouge_l": _rouge_l(trajectory.answer, record.answers)}
     support = GoldSupport.of(record)
     recall = None
@@ -190,6 +233,39 @@ def score_search_trajectory(record: QARecord, trajectory: Any,
         and trajectory.stop_reason.value == "forced_answer"},
         "retrieval": {"support_recall": recall}}
     return row
+
+
+def score_decision_trajectory(record: QARecord, trajectory: Any,
+                              scoring: str = DEFAULT_PROFILE) -> dict[str, Any]:
+    """One line of ``predictions.jsonl`` for the decision agent: the trajectory (its turns and
+    stop reason), the record's group, the scores and the decision statistics."""
+    from mmoa.agents.decision_agent import trajectory_summary
+
+    scores = score_answer(trajectory.answer, record.answers, profile=scoring)
+    row = {"id": record.id, **trajectory.to_dict(), "answers": record.answers,
+           "type": record.type, "group": record.group}
+    row["scores"] = {**scores.as_dict(), "rouge_l": _rouge_l(trajectory.answer, record.answers)}
+    row["agent_stats"] = {"decision": {**trajectory_summary(trajectory),
+                                       "seconds": trajectory.seconds}}
+    return row
+
+
+def _group_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per ``group`` of the records: n, EM, F1 and, for the decision agent, the retrieval rate
+    and searches per question (empty when no record has a group)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("group") is not None:
+            groups.setdefault(r["group"], []).append(r)
+    out: dict[str, Any] = {}
+    for name, members in sorted(groups.items()):
+        stats = [m["agent_stats"]["decision"] for m in members
+                 if "decision" in m["agent_stats"]]
+        out[name] = {"num_questions": len(members),
+                     **{m: _mean([r["scores"][m] for r in members]) for m in ("em", "f1")},
+                     "retrieval_rate": _mean([s["retrieved"] for s in stats]),
+                     "mean_searches": _mean([s["searches"] for s in stats])}
+    return out
 
 
 def _mean(values: list[Any]) -> float | None:
@@ -230,6 +306,16 @@ def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
                             "mean_retrieved_tokens": _mean(column("search", "retrieved_tokens")),
                             "well_formed_rate": _mean(column("search", "well_formed")),
                             "forced_rate": _mean(column("search", "forced"))}
+    if column("decision", "searches"):
+        agents["decision"] = {"retrieval_rate": _mean(column("decision", "retrieved")),
+                              "mean_searches": _mean(column("decision", "searches")),
+                              "mean_retrieved_tokens": _mean(column("decision",
+                                                                    "retrieved_tokens")),
+                              "well_formed_rate": _mean(column("decision", "well_formed")),
+                              "forced_rate": _mean(column("decision", "forced"))}
+    by_group = _group_metrics(rows)
+    if by_group:
+        metrics["by_group"] = by_group
     if column("generator", "answer_words"):
         agents["generator"] = {"mean_answer_words": _mean(column("generator", "answer_words")),
                                "well_formed_rate": _mean(column("generator", "well_formed"))}
@@ -250,7 +336,7 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
     config.validate()
     records = load_records(config)
     retriever: Any = None
-    if config.mode != "g":
+    if config.needs_retriever:
         retriever = RetrievalClient(config.retriever_url, token=config.retriever_token)
         retriever.health()  # fail before the model is loaded when the server is not there
     model, tokenizer = load_for_inference(
@@ -261,7 +347,15 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
         "generator": config.max_new_tokens_generator,
     })
     pipeline: Any
-    if config.mode == SEARCH_AGENT_MODE:
+    if config.mode == DECISION_AGENT_MODE:
+        from mmoa.agents.decision_agent import DecisionAgentPipeline
+
+        pipeline = DecisionAgentPipeline(
+            model, tokenizer, config.template, retriever,
+            max_searches=config.decision_max_searches, top_k=config.decision_top_k,
+            max_new_tokens=config.max_new_tokens_decision, policy=config.decision_policy,
+            settings=settings)
+    elif config.mode == SEARCH_AGENT_MODE:
         from mmoa.agents.search_agent import SearchAgentPipeline
 
         pipeline = SearchAgentPipeline(
@@ -277,14 +371,19 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
     timings: dict[str, float] = {}
     start = time.perf_counter()
     batches = range(0, len(records), config.batch_size)
-    for offset in tqdm(batches, desc=f"evaluate {config.mode}", unit="batch", disable=not progress):
+    label = config.mode if config.mode != DECISION_AGENT_MODE \
+        else f"{config.mode} ({config.decision_policy})"
+    for offset in tqdm(batches, desc=f"evaluate {label}", unit="batch", disable=not progress):
         batch = records[offset: offset + config.batch_size]
         with autocast(precision, device_type):
             traces = pipeline.run([r.question for r in batch])
         last = pipeline.last_timings
         for key, seconds in (last if isinstance(last, dict) else last.as_dict()).items():
             timings[key] = timings.get(key, 0.0) + seconds
-        if config.mode == SEARCH_AGENT_MODE:
+        if config.mode == DECISION_AGENT_MODE:
+            rows.extend(score_decision_trajectory(record, trajectory, config.scoring)
+                        for record, trajectory in zip(batch, traces, strict=True))
+        elif config.mode == SEARCH_AGENT_MODE:
             rows.extend(score_search_trajectory(record, trajectory, config.scoring)
                         for record, trajectory in zip(batch, traces, strict=True))
         else:
@@ -293,6 +392,8 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
                 for record, trace in zip(batch, traces, strict=True)
             )
     metrics = summarize(rows, config.mode)
+    if config.mode == DECISION_AGENT_MODE:
+        metrics["decision_policy"] = config.decision_policy
     metrics["scoring"] = get_profile(config.scoring).as_dict()
     total = time.perf_counter() - start
     metrics["seconds"] = {"total": total, **timings}
@@ -348,20 +449,25 @@ def scoring_legend(named_metrics: Sequence[tuple[str, dict[str, Any]]]) -> list[
 def format_table(named_metrics: Sequence[tuple[str, dict[str, Any]]]) -> str:
     """One table: a row per run with its scoring profile, Acc / EM / F1, the per-agent
     statistics, the search agent's retrieval rounds, queries and retrieved tokens per question
-    and its well-formed rate, and seconds per question for every mode (:func:`scoring_legend`
-    says what the profile names mean)."""
+    and its well-formed rate, the decision agent's retrieval rate (``ret%``; its searches are in
+    ``rounds``), and seconds per question for every mode (:func:`scoring_legend` says what the
+    profile names mean). A run whose records have groups gets a row per group below its own
+    (``run / group``: n, EM, F1, retrieval rate and searches of the group)."""
     header = ["run", "mode", "scoring", "n", "Acc", "EM", "F1", "QR subq", "QR ok%",
               "cand rec%", "S sel", "S ok%", "S rec%", "G words", "G ok%", "rounds",
-              "queries", "ret tok", "fmt ok%", "s/q"]
+              "queries", "ret tok", "fmt ok%", "ret%", "s/q"]
     lines = []
     for name, m in named_metrics:
         agents = m.get("agents", {})
         qr, sel = agents.get("qr", {}), agents.get("selector", {})
         gen, ret = agents.get("generator", {}), agents.get("retrieval", {})
-        search = agents.get("search", {})
+        search = agents.get("search") or agents.get("decision") or {}
         ret_tokens = search.get("mean_retrieved_tokens")
+        mode = str(m.get("mode", "?"))
+        if m.get("decision_policy") not in (None, "model"):
+            mode = f"{mode}/{m['decision_policy']}"
         lines.append([
-            name, m.get("mode", "?"), scoring_label(m), str(m.get("num_questions", "?")),
+            name, mode, scoring_label(m), str(m.get("num_questions", "?")),
             _pct(m.get("acc")),
             _pct(m.get("em")), _pct(m.get("f1")), _num(qr.get("mean_subquestions")),
             _pct(qr.get("well_formed_rate")), _pct(ret.get("candidate_support_recall")),
@@ -370,8 +476,16 @@ def format_table(named_metrics: Sequence[tuple[str, dict[str, Any]]]) -> str:
             _pct(gen.get("well_formed_rate")), _num(search.get("mean_searches")),
             _num(search.get("mean_queries")),
             "-" if ret_tokens is None else f"{ret_tokens:.0f}",
-            _pct(search.get("well_formed_rate")), _num(m.get("seconds_per_question")),
+            _pct(search.get("well_formed_rate")), _pct(search.get("retrieval_rate")),
+            _num(m.get("seconds_per_question")),
         ])
+        for group, g in m.get("by_group", {}).items():
+            row = ["-"] * len(header)
+            row[:4] = [f"{name} / {group}", mode, scoring_label(m), str(g["num_questions"])]
+            row[5], row[6] = _pct(g.get("em")), _pct(g.get("f1"))
+            row[15] = _num(g.get("mean_searches"))
+            row[19] = _pct(g.get("retrieval_rate"))
+            lines.append(row)
     widths = [max(len(str(row[i])) for row in [header, *lines]) for i in range(len(header))]
     def fmt(row: list[str]) -> str:
         return "  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w)

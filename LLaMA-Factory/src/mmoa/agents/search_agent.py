@@ -21,6 +21,11 @@ template's end-of-turn tail the model did not sample, the information turns, the
 
 A turn that is neither a well-formed search nor an answer ends its trajectory at once with a
 :class:`mmoa.agents.search_tags.StopReason` saying why.
+
+The loop is shared: the retrieve-or-answer decision agent (:mod:`mmoa.agents.decision_agent`) is
+a subclass that replaces only the prompt, the parser, the observation text, the stop strings and
+the forced prefix (the ``_prompt``, ``_parse`` and ``_information`` hooks and the class
+attributes below), so both agents run the same generation, retrieval and loss-mask code.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mmoa.agents.pipeline import DocumentRetriever, GenerationSettings
+from mmoa.agents.prompts import ChatMessages
 from mmoa.agents.render import PromptRenderer
 from mmoa.agents.search_tags import (
     FORCED_ANSWER_PREFIX,
@@ -85,7 +91,8 @@ class SearchTrajectory:
     loss_mask: list[int] = field(default_factory=list)
     turns: list[SearchTurn] = field(default_factory=list)
     answer: str = ""
-    stop_reason: StopReason | None = None
+    #: A :class:`StopReason` (the decision agent: a ``DecisionStop``); ``None`` while running.
+    stop_reason: Any = None
     #: Wall-clock seconds of the batch this trajectory ran in, divided by its trajectories.
     seconds: float = 0.0
     #: Every document shown in an ``<information>`` block, in order.
@@ -147,6 +154,16 @@ ProcessorFactory = Callable[[list[SearchTrajectory], int], "LogitsProcessor"]
 class SearchAgentPipeline:
     """Runs the search agent over batches of questions with one model and one retriever."""
 
+    #: Generation of a turn stops right after one of these (besides the end of turn).
+    STOP_STRINGS: tuple[str, ...] = STOP_STRINGS
+    #: Written by the pipeline at the start of the forced last turn (mask 0).
+    FORCED_PREFIX: str = FORCED_ANSWER_PREFIX
+    #: The stop reasons of a well-formed answer, written freely or forced at the limit.
+    ANSWERED: Any = StopReason.ANSWERED
+    FORCED: Any = StopReason.FORCED_ANSWER
+    #: The smallest ``max_turns`` (the decision agent allows 0: answer at once).
+    MIN_TURNS = 1
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -162,8 +179,10 @@ class SearchAgentPipeline:
         batch_size: int | None = None,
         logits_processor_for: ProcessorFactory | None = None,
     ) -> None:
-        for name, value in (("max_turns", max_turns), ("max_queries", max_queries),
-                            ("top_k", top_k), ("max_new_tokens", max_new_tokens)):
+        if max_turns < self.MIN_TURNS:
+            raise ValueError(f"max_turns must be at least {self.MIN_TURNS}, got {max_turns}")
+        for name, value in (("max_queries", max_queries), ("top_k", top_k),
+                            ("max_new_tokens", max_new_tokens)):
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if batch_size is not None and batch_size < 1:
@@ -182,7 +201,7 @@ class SearchAgentPipeline:
         self.logits_processor_for = logits_processor_for
         self.stop_ids = self.renderer.stop_token_ids
         self.assistant_suffix = self.renderer.assistant_suffix_ids()
-        self.forced_prefix = tokenizer.encode(FORCED_ANSWER_PREFIX, add_special_tokens=False)
+        self.forced_prefix = tokenizer.encode(self.FORCED_PREFIX, add_special_tokens=False)
         #: Seconds of the last :meth:`run`: ``generate`` and ``retrieve``.
         self.last_timings: dict[str, float] = {"generate": 0.0, "retrieve": 0.0}
         #: Queries sent per retrieval request of the last :meth:`run` (one request per round).
@@ -196,12 +215,12 @@ class SearchAgentPipeline:
         start = time.perf_counter()
         timings = {"generate": 0.0, "retrieve": 0.0}
         self.last_requests = []
-        prompts = [self.renderer.prompt_ids(search_prompt(q, self.max_queries))
-                   for q in questions]
+        prompts = [self.renderer.prompt_ids(self._prompt(q)) for q in questions]
         trajectories = [SearchTrajectory(q, list(ids)) for q, ids in zip(questions, prompts,
                                                                          strict=True)
                         for _ in range(group_size)]
-        for round_ in range(self.max_turns + 1):
+        first_round = self._open(trajectories, timings)
+        for round_ in range(first_round, self.max_turns + 1):
             active = [t for t in trajectories if not t.done]
             if not active:
                 break
@@ -213,13 +232,16 @@ class SearchAgentPipeline:
             outputs = self._generate(active)
             timings["generate"] += time.perf_counter() - t0
             searching = []
+            stop = set(self.stop_ids)
             for t, (ids, text) in zip(active, outputs, strict=True):
                 t._append(ids, sampled=True)
-                parse = parse_turn(text, max_queries=self.max_queries, forced_answer=forced)
+                finished = (bool(ids) and ids[-1] in stop) \
+                    or any(tag in text for tag in self.STOP_STRINGS)
+                parse = self._parse(text, forced, finished)
                 t.turns.append(SearchTurn(text=text, parse=parse, forced=forced))
                 if parse.action == "answer":
                     t.answer = parse.answer
-                    t.stop_reason = StopReason.FORCED_ANSWER if forced else StopReason.ANSWERED
+                    t.stop_reason = self.FORCED if forced else self.ANSWERED
                 elif parse.action == "search":
                     searching.append(t)
                 else:
@@ -234,6 +256,27 @@ class SearchAgentPipeline:
             t.seconds = elapsed / len(trajectories)
         self.last_timings = timings
         return trajectories
+
+    # -- the hooks a pipeline with other tags replaces ------------------------------------------
+
+    def _prompt(self, question: str) -> ChatMessages:
+        """The first user message of a question's trajectories."""
+        return search_prompt(question, self.max_queries)
+
+    def _parse(self, text: str, forced: bool, finished: bool) -> TurnParse:
+        """One model turn, parsed; ``finished``: it ended by itself, not at the token limit
+        (the search agent reads that from its closing tags instead)."""
+        return parse_turn(text, max_queries=self.max_queries, forced_answer=forced)
+
+    def _information(self, queries: Sequence[str], documents: Sequence[Sequence[str]],
+                     last: bool) -> str:
+        """The observation after a search (``last``: no search is allowed after it)."""
+        return format_information(queries, documents, force_answer=last)
+
+    def _open(self, trajectories: list[SearchTrajectory], timings: dict[str, float]) -> int:
+        """Turns the pipeline writes before the model's first one (none here); returns the
+        round the model starts in."""
+        return 0
 
     # -- retrieval --------------------------------------------------------------------------------
 
@@ -250,7 +293,7 @@ class SearchAgentPipeline:
             t.retrieved_passages.extend(
                 RetrievedPassage(None if d.get("id") is None else str(d["id"]),
                                  str(d.get("contents", ""))) for q in queries for d in ranked[q])
-            turn.information = format_information(queries, docs, force_answer=last)
+            turn.information = self._information(queries, docs, last)
             t._append(self._turn_tail(t.response_ids), sampled=False)
             observation = self.renderer.observation_ids(turn.information)
             turn.retrieved_tokens = len(observation)
@@ -293,8 +336,9 @@ class SearchAgentPipeline:
         kwargs: dict[str, Any] = {
             "max_new_tokens": self.max_new_tokens, "eos_token_id": self.stop_ids,
             "pad_token_id": pad_id, "use_cache": True,
-            "stop_strings": list(STOP_STRINGS), "tokenizer": self.tokenizer,
         }
+        if self.STOP_STRINGS:
+            kwargs.update(stop_strings=list(self.STOP_STRINGS), tokenizer=self.tokenizer)
         s = self.settings
         if s.do_sample:
             kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
@@ -316,10 +360,12 @@ class SearchAgentPipeline:
             kept.append(token)
             if token in stop:
                 break
+            if not self.STOP_STRINGS:
+                continue
             piece = self.tokenizer.decode([token], skip_special_tokens=True)
-            if ">" in piece:
+            if any(tag[-1] in piece for tag in self.STOP_STRINGS):
                 text = self.tokenizer.decode(kept, skip_special_tokens=True)
-                if any(tag in text for tag in STOP_STRINGS):
+                if any(tag in text for tag in self.STOP_STRINGS):
                     break
         text = self.tokenizer.decode([t for t in kept if t not in stop], skip_special_tokens=True)
         return kept, text

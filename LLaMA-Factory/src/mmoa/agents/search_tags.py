@@ -98,14 +98,15 @@ class TurnParse:
     ``action`` is ``"search"`` (with ``queries``), ``"answer"`` (with ``answer``) or ``None`` when
     the turn is malformed, and then ``error`` says why. ``has_think`` records whether a closed
     ``<think>`` block preceded the action (the prompt asks for one; its absence is logged, not
-    fatal).
+    fatal). The decision agent (:mod:`mmoa.agents.decision_tags`) parses into this class too,
+    with its own reasons (``error`` is then a ``DecisionStop``).
     """
 
     action: str | None
     queries: list[str] = field(default_factory=list)
     answer: str = ""
     has_think: bool = False
-    error: StopReason | None = None
+    error: StopReason | enum.StrEnum | None = None
 
     @property
     def ok(self) -> bool:

@@ -31,8 +31,15 @@
 ``nq_open``
     NQ-open JSON Lines: ``{question, answer: [...]}``, no id; the id is ``<file stem>-<line>``
     (``<file stem>-<index>`` in a JSON list), stable as long as the file is.
+``popqa``
+    PopQA (Mallen et al., the ``akariasai/PopQA`` release as JSON Lines): ``{id, question,
+    possible_answers, s_pop, prop, ...}``; ``possible_answers`` is a list or a JSON-encoded list
+    of aliases. The record's ``type`` is the relation (``prop``) and its ``group`` is
+    ``popular`` or ``unpopular``: the subject's monthly page views ``s_pop`` against
+    :data:`POPQA_POPULAR_MIN_VIEWS` (a fixed threshold, not Mallen et al.'s per-relation
+    thresholds tuned on dev), so the decision agent's evaluation reports both groups.
 ``demo``
-    The project's own schema, :meth:`QARecord.to_dict` per line.
+    The project's own schema, :meth:`QARecord.to_dict` per line (with an optional ``group``).
 
 Every layout may come as a JSON list or as JSON Lines: the first non-blank character decides.
 ``fmt="auto"`` picks the layout from the first record's keys and refuses to guess when the keys
@@ -68,6 +75,9 @@ __all__ = [
 AMBIGQA_ANSWER_SETS: tuple[str, ...] = ("nq_answer", "nq_answer_joined", "union")
 #: The paper's answer set.
 DEFAULT_AMBIGQA_ANSWERS = "nq_answer"
+#: PopQA: a subject with at least this many monthly Wikipedia page views (``s_pop``) is in the
+#: ``popular`` group, else ``unpopular`` (the long tail where Mallen et al. found retrieval helps).
+POPQA_POPULAR_MIN_VIEWS = 1000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,6 +363,30 @@ def _parse_nq_open(obj: Mapping[str, Any], where: str, pos: int, src: Path) -> Q
     )
 
 
+def _parse_popqa(obj: Mapping[str, Any], where: str, _pos: int, _src: Path) -> QARecord:
+    raw = _get(obj, "possible_answers", where)
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as err:
+            raise DataFormatError(f"{where}: field 'possible_answers' must be a list of strings "
+                                  f"or a JSON-encoded one, got a string that is not JSON "
+                                  f"({err.msg})") from err
+    answers = _answer_list(raw, "'possible_answers'", where)
+    views = _get(obj, "s_pop", where)
+    if isinstance(views, bool) or not isinstance(views, int | float):
+        raise DataFormatError(f"{where}: field 's_pop' must be a number (monthly page views), "
+                              f"got {json_type_name(views)}")
+    relation = obj.get("prop")
+    return QARecord(
+        id=_id(obj, "id", where),
+        question=_text(obj, "question", where),
+        answers=_require_answers(answers, "'possible_answers'", where),
+        type=relation.strip() if isinstance(relation, str) and relation.strip() else None,
+        group="popular" if views >= POPQA_POPULAR_MIN_VIEWS else "unpopular",
+    )
+
+
 def _parse_demo(obj: Mapping[str, Any], where: str, _pos: int, _src: Path) -> QARecord:
     record = QARecord.from_dict(obj, where)
     _require_answers(record.answers, "'answers'", where)
@@ -368,6 +402,7 @@ _PARSERS: dict[str, _Parser] = {
     "flashrag": _parse_flashrag,
     "nq_open": _parse_nq_open,
     "demo": _parse_demo,
+    "popqa": _parse_popqa,
 }
 
 FORMATS: tuple[str, ...] = tuple(_PARSERS)
@@ -381,6 +416,7 @@ _SIGNATURES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "flashrag": (frozenset({"id", "question", "golden_answers"}), frozenset()),
     "nq_open": (frozenset({"question", "answer"}), frozenset({"id", "_id"})),
     "demo": (frozenset({"id", "question", "answers"}), frozenset()),
+    "popqa": (frozenset({"id", "question", "possible_answers", "s_pop"}), frozenset()),
 }
 
 

@@ -71,6 +71,9 @@ class QARecord:
     for an unlabelled question. ``supporting_ids`` are corpus passage ids (known for the demo
     world); ``supporting_titles`` are Wikipedia titles (HotpotQA and 2Wiki know titles, not
     passage ids). ``decomposition`` is a reference list of sub-questions when the dataset has one.
+    ``group`` names the question's group for per-group scores (the decision agent's mixed sets:
+    ``known``, answerable without retrieval, and ``world``, only by retrieval); it is written
+    only when set, so files without groups are unchanged.
     """
 
     id: str
@@ -80,6 +83,7 @@ class QARecord:
     supporting_titles: list[str] | None = None
     decomposition: list[str] | None = None
     type: str | None = None
+    group: str | None = None
 
     def __post_init__(self) -> None:
         where = f"QARecord {self.id!r}" if isinstance(self.id, str) else "QARecord"
@@ -91,10 +95,12 @@ class QARecord:
         _check_str_list(self.decomposition, "decomposition", where, optional=True)
         if self.type is not None:
             _check_str(self.type, "type", where)
+        if self.group is not None:
+            _check_str(self.group, "group", where)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the demo schema); lists are copies."""
-        return {
+        out: dict[str, Any] = {
             "id": self.id,
             "question": self.question,
             "answers": list(self.answers),
@@ -105,6 +111,9 @@ class QARecord:
             "decomposition": None if self.decomposition is None else list(self.decomposition),
             "type": self.type,
         }
+        if self.group is not None:
+            out["group"] = self.group
+        return out
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any], where: str = "record") -> QARecord:
@@ -122,6 +131,7 @@ class QARecord:
         if isinstance(record_id, int) and not isinstance(record_id, bool):
             record_id = str(record_id)
         record_type = obj.get("type")
+        group = obj.get("group")
         return cls(
             id=_check_str(record_id, "id", where),
             question=_check_str(obj["question"], "question", where),
@@ -136,4 +146,5 @@ class QARecord:
                 obj.get("decomposition"), "decomposition", where, optional=True
             ),
             type=None if record_type is None else _check_str(record_type, "type", where),
+            group=None if group is None else _check_str(group, "group", where),
         )

@@ -184,10 +184,11 @@ def build_trajectories(records: Sequence[QARecord], retriever: DocumentSearcher,
     return conversations, report
 
 
-def segment_kind(messages: Sequence[dict[str, str]]) -> str:
-    """The RAG-R1 sample kind of a conversation that ends with a model turn."""
+def segment_kind(messages: Sequence[dict[str, str]], search_tag: str = "<search>") -> str:
+    """The RAG-R1 sample kind of a conversation that ends with a model turn (``search_tag``
+    marks a search turn: the decision agent's is ``[Search]``)."""
     searched_before = any(m["from"] == "observation" for m in messages[:-1])
-    searching = "<search>" in messages[-1]["value"]
+    searching = search_tag in messages[-1]["value"]
     if searching:
         return "search_again" if searched_before else "search_first"
     return "answer_after_search" if searched_before else "answer_direct"
@@ -198,23 +199,34 @@ def build_search_sft_records(records: Sequence[QARecord], retriever: DocumentSea
                              ) -> tuple[list[dict[str, Any]], SearchSFTReport]:
     """ShareGPT SFT samples (segmented unless ``config.segment`` is off) and the report."""
     conversations, report = build_trajectories(records, retriever, config)
-    system = search_prompt("").system
-    samples: list[dict[str, Any]] = []
-    for messages in conversations:
-        ends = [i + 1 for i, m in enumerate(messages) if m["from"] == "gpt"] \
-            if config.segment else [len(messages)]
-        for end in ends:
-            part = messages[:end]
-            kind = segment_kind(part) if config.segment else "trajectory"
-            samples.append({"conversations": part, "system": system, "kind": kind})
-            report.kinds[kind] += 1
+    samples = segment_conversations(conversations, search_prompt("").system, config.segment,
+                                    report.kinds)
     report.samples = len(samples)
     return samples, report
 
 
-def write_search_sft_dataset(samples: list[dict[str, Any]], config: SearchSFTConfig,
-                             report: SearchSFTReport) -> Path:
-    """Writes ``<dataset_dir>/<name>.json`` and registers it as ShareGPT; both atomic."""
+def segment_conversations(conversations: Sequence[list[dict[str, str]]], system: str,
+                          segment: bool, kinds: Counter[str], search_tag: str = "<search>"
+                          ) -> list[dict[str, Any]]:
+    """ShareGPT samples of the conversations: with ``segment`` one per model turn (the
+    conversation up to it, trained on it only), else one per conversation; ``kinds`` counts
+    the samples' kinds. Shared by the search agent's and the decision agent's builders."""
+    samples: list[dict[str, Any]] = []
+    for messages in conversations:
+        ends = [i + 1 for i, m in enumerate(messages) if m["from"] == "gpt"] \
+            if segment else [len(messages)]
+        for end in ends:
+            part = messages[:end]
+            kind = segment_kind(part, search_tag) if segment else "trajectory"
+            samples.append({"conversations": part, "system": system, "kind": kind})
+            kinds[kind] += 1
+    return samples
+
+
+def write_search_sft_dataset(samples: list[dict[str, Any]], config: Any, report: Any) -> Path:
+    """Writes ``<dataset_dir>/<name>.json`` and registers it as ShareGPT; both atomic.
+    ``config`` has ``dataset_dir`` and ``name`` and ``report`` an ``output_file`` (the search
+    agent's or the decision agent's)."""
     path = Path(config.dataset_dir) / f"{config.name}.json"
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(samples, ensure_ascii=False, indent=1) + "\n",

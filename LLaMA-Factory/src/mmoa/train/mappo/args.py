@@ -12,7 +12,10 @@ sampling temperature 0.95 / top-p 0.9, penalties -0.5 (QR), -1 (Selector), -0.5 
 
 ``mappo_pipeline: search_agent`` trains the multi-turn search agent (RAG-R1 / Search-R1) instead of
 the three agents: one policy, one sample per trajectory, the retrieved tokens masked out of the
-loss (the ``mappo_search_*`` keys; docs/search_agent.md). The agent keys (``mappo_agents``,
+loss (the ``mappo_search_*`` keys; docs/search_agent.md). ``mappo_pipeline: decision_agent``
+(alias ``smart_rag``) trains the retrieve-or-answer decision agent (SmartRAG) on the same loop,
+with the reward ``answer reward - retrieval cost x searches - malformed penalty`` (the
+``mappo_decision_*`` keys; docs/decision_agent.md). The agent keys (``mappo_agents``,
 ``mappo_qr_*``, ``mappo_selector_*``, ``mappo_generator_*``, ``mappo_top_k``) are then not used.
 
 ``mappo_algorithm: grpo`` replaces the critic by group-relative advantages (``mappo_group_size``
@@ -38,7 +41,9 @@ PREFIX = "mappo_"
 #: ``mappo_algorithm``: PPO with a value head (the paper) or critic-free GRPO.
 ALGORITHMS: tuple[str, ...] = ("ppo", "grpo")
 #: ``mappo_pipeline``: the three-agent pipeline (MMOA-RAG) or the multi-turn search agent.
-PIPELINES: tuple[str, ...] = ("qr_s_g", "search_agent")
+PIPELINES: tuple[str, ...] = ("qr_s_g", "search_agent", "decision_agent")
+#: Other names of a pipeline, read as the pipeline (SmartRAG's name for the decision agent).
+PIPELINE_ALIASES = {"smart_rag": "decision_agent", "smartrag": "decision_agent"}
 #: Keys read as another key of ours (the issue that asked for the search agent named it so).
 ALIASES = {"mmoa_pipeline": "mappo_pipeline"}
 #: ``mappo_grpo_filter``: what happens to the groups whose rollouts all scored the same.
@@ -88,7 +93,9 @@ class MappoArguments:
         metadata={"help": "qr_s_g (the three agents: Query Rewriter, Selector, Generator) or "
                           "search_agent (one multi-turn agent that searches with up to "
                           "mappo_search_max_queries parallel queries per turn; docs/"
-                          "search_agent.md). `mmoa_pipeline` is accepted as its alias."})
+                          "search_agent.md) or decision_agent (alias smart_rag: answer or "
+                          "search with a cost per search; docs/decision_agent.md). "
+                          "`mmoa_pipeline` is accepted as its alias."})
     mappo_search_max_turns: int = field(
         default=defaults.SEARCH_MAX_TURNS,
         metadata={"help": "search_agent: search rounds before the answer is forced."})
@@ -110,6 +117,28 @@ class MappoArguments:
         default=True,
         metadata={"help": "search_agent: keep the retrieved <information> tokens out of the "
                           "loss, KL, values and advantages (false only for the ablation)."})
+
+    mappo_decision_max_searches: int = field(
+        default=defaults.DECISION_MAX_SEARCHES,
+        metadata={"help": "decision_agent: searches before the answer is forced (the quota; 0: "
+                          "always answer at once)."})
+    mappo_decision_top_k: int = field(
+        default=defaults.DECISION_TOP_K,
+        metadata={"help": "decision_agent: documents returned by one search."})
+    mappo_max_new_tokens_decision: int = field(
+        default=defaults.DECISION_MAX_NEW_TOKENS,
+        metadata={"help": "decision_agent: new tokens per model turn."})
+    mappo_decision_retrieval_cost: float = field(
+        default=defaults.DECISION_RETRIEVAL_COST,
+        metadata={"help": "decision_agent: subtracted from the reward per search (>= 0)."})
+    mappo_decision_malformed_penalty: float = field(
+        default=defaults.DECISION_MALFORMED_PENALTY,
+        metadata={"help": "decision_agent: subtracted from the reward of a malformed "
+                          "trajectory (>= 0)."})
+    mappo_decision_answer_reward: str = field(
+        default=defaults.DECISION_ANSWER_REWARD,
+        metadata={"help": "decision_agent: the answer part of the reward: em_f1 (SmartRAG's "
+                          "EM + F1), em or f1, under mappo_scoring."})
 
     # which agents learn (the others still act)
     mappo_agents: str = field(
@@ -202,10 +231,13 @@ class MappoArguments:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         from mmoa.metrics import get_profile
+        from mmoa.train.mappo.rewards import DECISION_ANSWER_REWARDS
 
+        self.mappo_pipeline = PIPELINE_ALIASES.get(self.mappo_pipeline, self.mappo_pipeline)
         get_profile(self.mappo_scoring)  # an unknown name fails here, before any model loads
         for name, choices in (("mappo_pipeline", PIPELINES),
                               ("mappo_algorithm", ALGORITHMS),
+                              ("mappo_decision_answer_reward", DECISION_ANSWER_REWARDS),
                               ("mappo_grpo_normalise", GROUP_NORMALISATIONS),
                               ("mappo_grpo_filter", GRPO_FILTERS),
                               ("mappo_loss_averaging", LOSS_AVERAGING)):
@@ -224,7 +256,8 @@ class MappoArguments:
                      "mappo_generator_max_words", "mappo_max_nonfinite_steps",
                      "mappo_group_size", "mappo_search_max_turns",
                      "mappo_search_max_queries", "mappo_search_top_k",
-                     "mappo_max_new_tokens_search"):
+                     "mappo_max_new_tokens_search", "mappo_decision_top_k",
+                     "mappo_max_new_tokens_decision"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.mappo_questions_per_rollout is not None and self.mappo_questions_per_rollout < 0:
@@ -247,6 +280,14 @@ class MappoArguments:
         for name in ("mappo_gamma", "mappo_lam"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.mappo_decision_max_searches < 0:
+            raise ValueError(f"mappo_decision_max_searches must be at least 0, got "
+                             f"{self.mappo_decision_max_searches}")
+        for name in ("mappo_decision_retrieval_cost", "mappo_decision_malformed_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0 (it is subtracted from "
+                                 f"the reward), got {value}")
         penalty = self.mappo_search_format_penalty
         if not (math.isfinite(penalty) and penalty <= 0):
             raise ValueError(f"mappo_search_format_penalty must be a finite number <= 0 (it is "
@@ -262,6 +303,15 @@ class MappoArguments:
     @property
     def is_search_agent(self) -> bool:
         return self.mappo_pipeline == "search_agent"
+
+    @property
+    def is_decision_agent(self) -> bool:
+        return self.mappo_pipeline == "decision_agent"
+
+    @property
+    def is_multiturn(self) -> bool:
+        """One policy, one sample per multi-turn trajectory (search or decision agent)."""
+        return self.is_search_agent or self.is_decision_agent
 
     @property
     def rollouts_per_question(self) -> int:

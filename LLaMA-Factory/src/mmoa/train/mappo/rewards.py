@@ -253,3 +253,56 @@ def compute_agent_rewards(
         shared=shared_reward(prediction, golds, metric=metric, scoring=scoring),
         penalties=penalties,
     )
+
+
+# -- the decision agent (SmartRAG) ------------------------------------------------------------
+
+#: ``mappo_decision_answer_reward``: the answer part of the decision agent's reward. ``em_f1`` is
+#: SmartRAG's EM + F1 (in [0, 2]).
+DECISION_ANSWER_REWARDS: tuple[str, ...] = ("em_f1", "em", "f1")
+
+
+def decision_answer_reward(prediction: str, golds: str | Sequence[str],
+                           kind: str = defaults.DECISION_ANSWER_REWARD,
+                           scoring: str = DEFAULT_PROFILE) -> float:
+    """The answer part of the decision agent's reward: EM, F1 or EM + F1 of the answer under
+    the scoring profile ``scoring`` (the evaluation's function, so training and evaluation
+    count the same way)."""
+    if kind not in DECISION_ANSWER_REWARDS:
+        raise ValueError(f"mappo_decision_answer_reward must be one of "
+                         f"{', '.join(DECISION_ANSWER_REWARDS)}, got {kind!r}")
+    scores = score_answer(prediction, golds, profile=scoring)
+    return {"em": scores.em, "f1": scores.f1, "em_f1": scores.em + scores.f1}[kind]
+
+
+@dataclass(frozen=True)
+class DecisionReward:
+    """``total = answer - retrieval_cost - malformed_penalty`` and its parts (the costs >= 0)."""
+
+    answer: float
+    retrieval_cost: float
+    malformed_penalty: float
+
+    @property
+    def total(self) -> float:
+        return self.answer - self.retrieval_cost - self.malformed_penalty
+
+
+def decision_reward(answer_reward: float, searches: int, malformed: bool, *,
+                    retrieval_cost: float = defaults.DECISION_RETRIEVAL_COST,
+                    malformed_penalty: float = defaults.DECISION_MALFORMED_PENALTY
+                    ) -> DecisionReward:
+    """SmartRAG's reward of one trajectory: the answer reward, minus ``retrieval_cost`` per
+    search, minus ``malformed_penalty`` when the trajectory ended malformed.
+
+    A pure function of the three numbers so that it can be checked by hand; costs are given as
+    non-negative amounts that are subtracted (a negative cost would pay the policy to search)."""
+    if searches < 0:
+        raise ValueError(f"searches must be >= 0, got {searches}")
+    for name, value in (("retrieval_cost", retrieval_cost),
+                        ("malformed_penalty", malformed_penalty)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0 (it is subtracted), got "
+                             f"{value}")
+    return DecisionReward(float(answer_reward), retrieval_cost * searches,
+                          malformed_penalty if malformed else 0.0)

@@ -18,8 +18,9 @@ agent instead of three single-turn ones:
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,43 +63,68 @@ def trajectory_score(trajectory: SearchTrajectory, golds: Sequence[str],
 def search_samples(records: Sequence[QARecord], trajectories: Sequence[SearchTrajectory],
                    args: MappoArguments) -> tuple[list[Sample], dict[str, float]]:
     """The step's samples (one per trajectory) and its logs."""
+    def score(record: QARecord, trajectory: SearchTrajectory
+              ) -> tuple[float, float, dict[str, float]]:
+        shared, penalty = trajectory_score(trajectory, record.answers, args)
+        return shared, penalty, {
+            "answer_f1": shared, "reward": shared + penalty,
+            "search/turns": len(trajectory.turns),
+            "search/searches": trajectory.num_searches,
+            "search/queries": trajectory.num_queries,
+            "search/retrieved_tokens": trajectory.retrieved_tokens,
+            "search/well_formed": float(trajectory.well_formed),
+            "search/forced": float(trajectory.stop_reason == StopReason.FORCED_ANSWER)}
+
+    return trajectory_samples(records, trajectories, args, agent=SEARCH_AGENT, score=score,
+                              stop_reasons=StopReason, stop_prefix="search/stop/",
+                              mask=args.mappo_search_mask_information)
+
+
+#: ``(record, trajectory) -> (shared reward, penalty, this trajectory's log values)``.
+TrajectoryScore = Callable[[QARecord, SearchTrajectory], tuple[float, float, dict[str, float]]]
+
+
+def trajectory_samples(records: Sequence[QARecord], trajectories: Sequence[SearchTrajectory],
+                       args: MappoArguments, *, agent: str, score: TrajectoryScore,
+                       stop_reasons: Iterable[enum.StrEnum], stop_prefix: str,
+                       mask: bool) -> tuple[list[Sample], dict[str, float]]:
+    """The samples of a multi-turn agent's step, one per trajectory, and the step's logs (the
+    mean of every value ``score`` logs, ``response_length/<agent>`` and the rate of every stop
+    reason). Shared by the search agent and the decision agent (:mod:`.decision_rollout`): they
+    differ only in ``score``.
+
+    Under PPO a sample's score is ``shared + penalty``; under GRPO a question's trajectories are
+    one group whose ``shared`` rewards are normalised and the penalty added (as for the three
+    agents). ``mask``: keep the pipeline's appended tokens out of the loss (``loss_mask``)."""
     copies = args.rollouts_per_question
     repeated = [record for record in records for _ in range(copies)]
     samples: list[Sample] = []
     outcomes: list[PipelineOutcome] = []
-    logs: dict[str, list[float]] = {key: [] for key in (
-        "answer_f1", "reward", "response_length/search", "search/turns", "search/searches",
-        "search/queries", "search/retrieved_tokens", "search/well_formed", "search/forced")}
+    logs: dict[str, list[float]] = {}
     reasons: Counter[str] = Counter()
     for record, trajectory in zip(repeated, trajectories, strict=True):
         if trajectory.stop_reason is None:
-            raise RuntimeError(f"the search-agent rollout of {record.id!r} did not finish")
-        shared, penalty = trajectory_score(trajectory, record.answers, args)
+            raise RuntimeError(f"the {agent}-agent rollout of {record.id!r} did not finish")
+        shared, penalty, values = score(record, trajectory)
         reasons[trajectory.stop_reason.value] += 1
-        logs["answer_f1"].append(shared)
-        logs["reward"].append(shared + penalty)
-        logs["response_length/search"].append(trajectory.model_tokens)
-        logs["search/turns"].append(len(trajectory.turns))
-        logs["search/searches"].append(trajectory.num_searches)
-        logs["search/queries"].append(trajectory.num_queries)
-        logs["search/retrieved_tokens"].append(trajectory.retrieved_tokens)
-        logs["search/well_formed"].append(float(trajectory.well_formed))
-        logs["search/forced"].append(float(trajectory.stop_reason == StopReason.FORCED_ANSWER))
-        mask = list(trajectory.loss_mask) if args.mappo_search_mask_information else None
+        for key, value in {**values,
+                           f"response_length/{agent}": trajectory.model_tokens}.items():
+            logs.setdefault(key, []).append(float(value))
+        loss_mask = list(trajectory.loss_mask) if mask else None
         if args.is_grpo:
             outcomes.append(PipelineOutcome(
-                calls={SEARCH_AGENT: (trajectory.prompt_ids, trajectory.response_ids, None)},
-                shared=shared, penalties={SEARCH_AGENT: penalty},
-                loss_masks={SEARCH_AGENT: mask} if mask is not None else {}))
+                calls={agent: (trajectory.prompt_ids, trajectory.response_ids, None)},
+                shared=shared, penalties={agent: penalty},
+                loss_masks={agent: loss_mask} if loss_mask is not None else {}))
         else:
-            samples.append(Sample(SEARCH_AGENT, trajectory.prompt_ids, trajectory.response_ids,
-                                  shared + penalty, None, loss_mask=mask))
+            samples.append(Sample(agent, trajectory.prompt_ids, trajectory.response_ids,
+                                  shared + penalty, None, loss_mask=loss_mask))
     summary = {key: float(np.mean(values)) for key, values in logs.items() if values}
     total = max(1, len(trajectories))
-    for reason in StopReason:
-        summary[f"search/stop/{reason.value}"] = reasons[reason.value] / total
+    for reason in stop_reasons:
+        summary[f"{stop_prefix}{reason.value}"] = reasons[reason.value] / total
     if args.is_grpo:
-        samples, group_logs = group_samples(outcomes, copies, (SEARCH_AGENT,),
+        samples, group_logs = group_samples(outcomes, copies, (agent,),
                                             args.mappo_grpo_normalise, args.mappo_grpo_filter)
         summary.update(group_logs)
     return samples, summary

@@ -12,7 +12,9 @@ with the trl it installs):
 
 With ``mappo_pipeline: search_agent`` the rollout is the multi-turn search agent instead and
 each trajectory is one sample whose retrieved tokens are masked out of the update
-(:mod:`mmoa.train.mappo.search_rollout`); everything else below holds for it too.
+(:mod:`mmoa.train.mappo.search_rollout`); everything else below holds for it too. The same goes
+for ``mappo_pipeline: decision_agent``, the retrieve-or-answer agent of SmartRAG
+(:mod:`mmoa.train.mappo.decision_rollout`).
 
 With ``mappo_algorithm: grpo`` each question is rolled out ``mappo_group_size`` times in the
 same batched pipeline, every agent sample gets its advantage relative to its question's group
@@ -230,6 +232,15 @@ class MappoTrainer(Trainer):
     def _rollout(self, policy: Any, records: Sequence[QARecord]
                  ) -> tuple[list[Any], dict[str, float]]:
         policy.eval()
+        if self.mappo_args.is_decision_agent:
+            from mmoa.train.mappo.decision_rollout import decision_pipeline
+
+            # one retrieval call per decision round for every trajectory that searched
+            decider = decision_pipeline(policy, self.processing_class, self.renderer,
+                                        self.retriever, self.mappo_args)
+            trajectories = decider.run([r.question for r in records],
+                                       group_size=self.mappo_args.rollouts_per_question)
+            return trajectories, decider.last_timings
         if self.mappo_args.is_search_agent:
             from mmoa.train.mappo.search_rollout import search_pipeline
 
@@ -262,6 +273,10 @@ class MappoTrainer(Trainer):
                      ) -> tuple[list[Sample], dict[str, float]]:
         """Scores every trace and makes one sample per optimised agent and trace: under ppo
         with its score (GAE turns it into advantages), under grpo with its group advantage."""
+        if self.mappo_args.is_decision_agent:
+            from mmoa.train.mappo.decision_rollout import decision_samples
+
+            return decision_samples(records, traces, self.mappo_args)  # type: ignore[arg-type]
         if self.mappo_args.is_search_agent:
             from mmoa.train.mappo.search_rollout import search_samples
 
