@@ -72,3 +72,13 @@ DECISION_MAX_NEW_TOKENS = 48
 DECISION_RETRIEVAL_COST = 0.2
 DECISION_MALFORMED_PENALTY = 1.0
 DECISION_ANSWER_REWARD = "em_f1"
+
+# Stochastic retrieval and the query encoder's RL stage (``stage: retriever_rl``; HARR, arXiv
+# 2602.03645): the candidate pool (top by cosine score), the documents sampled from it without
+# replacement, the softmax temperature over the pool's scores, GRPO's rollouts per question and
+# its clip range (HARR: K=30, k=3, alpha 0.05, group 8, clip 0.2, no KL).
+RETRIEVER_POOL_SIZE = 30
+RETRIEVER_TOP_K = 3
+RETRIEVER_ALPHA = 0.05
+RETRIEVER_GROUP_SIZE = 8
+RETRIEVER_CLIPRANGE = CLIPRANGE

@@ -10,7 +10,10 @@ eight copies of a 65 GB index behind Flask's development server). Modules, each 
   and the in-process :class:`~mmoa.retrieval.index.Retriever`;
 * ``builder`` - ``data_builders/build_index.py``: corpus file -> index folder, atomically;
 * ``batcher`` - dynamic micro-batching of concurrent requests (and the unbatched baseline);
-* ``app``     - the Flask app: ``POST /search``, ``POST /retrieve``, ``GET /health``;
+* ``sampling`` - stochastic retrieval (HARR): Plackett-Luce sampling of an ordered top-k from
+  a candidate pool (Gumbel-top-k) and its log-probability, shared by server and trainer;
+* ``app``     - the Flask app: ``POST /search``, ``POST /retrieve`` (greedy or sampled),
+  ``GET /health``, ``POST /admin/reload_encoder``;
 * ``server``  - the gunicorn launcher behind ``flask_server.py`` and ``run_server.sh``;
 * ``client``  - :class:`~mmoa.retrieval.client.RetrievalClient` with time-outs and retries.
 

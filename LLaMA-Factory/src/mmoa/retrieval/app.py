@@ -6,6 +6,15 @@
   "return_scores": bool}`` -> ``{"result": [[{"document": {"id", "contents"}, "score"}]]}``
   (without scores: ``{"result": [[{"id", "contents"}]]}``, as Search-R1 does).
 * ``GET /health``    - corpus size, dimension, encoder, index type, uptime, counters, limits.
+* ``POST /admin/reload_encoder`` - ``{"path": dir}`` (or ``{}`` for the index's own encoder):
+  swap the query encoder for a checkpoint of the query encoder's RL stage; the passage
+  vectors stay as built (see :meth:`Retriever.reload_encoder`).
+
+``/search`` and ``/retrieve`` also do stochastic retrieval (HARR): with ``"sample": {"pool_size",
+"alpha", "seed"}`` the ``N``/``topk`` documents are drawn in order, without replacement, from
+``softmax(score / alpha)`` over the top ``pool_size`` candidates (``mmoa.retrieval.sampling``),
+and each query's answer carries its Plackett-Luce ``logprob``, the pool's corpus rows and the
+picks' positions in the pool. Without ``sample`` both endpoints are greedy, exactly as before.
 
 Every failure is a JSON object ``{"error": <kind>, "message": <what was wrong>, "status": n}``
 with a 4xx code for bad input; one bad request never disturbs the requests beside it.
@@ -16,6 +25,8 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
+import secrets
 import threading
 import time
 from collections.abc import Sequence
@@ -26,12 +37,14 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import ClientDisconnected, HTTPException
 
 from mmoa.retrieval.batcher import MicroBatcher, Scheduler
-from mmoa.retrieval.index import Retriever
+from mmoa.retrieval.index import IndexLoadError, Retriever
+from mmoa.retrieval.sampling import MAX_SEED, SampleSpec, query_rng, sample_pool
 
 logger = logging.getLogger(__name__)
 
-ENDPOINTS = ("POST /search", "POST /retrieve", "GET /health")
-_PROTECTED = {"/search", "/retrieve"}
+RELOAD_PATH = "/admin/reload_encoder"
+ENDPOINTS = ("POST /search", "POST /retrieve", "GET /health", f"POST {RELOAD_PATH}")
+_PROTECTED = {"/search", "/retrieve", RELOAD_PATH}
 
 
 @dataclass(frozen=True)
@@ -135,6 +148,53 @@ def parse_bool(body: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
+_SAMPLE_FIELDS = ("pool_size", "alpha", "seed", "query_offset")
+
+
+def _sample_int(spec: dict[str, Any], name: str, low: int, high: int) -> int:
+    value = spec[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"field 'sample.{name}' must be an integer, got "
+                            f"{type(value).__name__}")
+    if not low <= value <= high:
+        raise ApiError(400, f"field 'sample.{name}' = {value}; expected {low} <= "
+                            f"sample.{name} <= {high}")
+    return value
+
+
+def parse_sample(body: dict[str, Any], k: int, k_name: str, limits: ServerLimits
+                 ) -> SampleSpec | None:
+    """The ``sample`` object of a search request, or ``None`` (greedy) when it is absent.
+
+    ``pool_size`` (default 30, at most the server's ``max_k``, at least ``k``), ``alpha`` (a
+    positive number, default 0.05), ``seed`` (0..2**63-1; a fresh random one when absent, and
+    the response says which, so any answer can be reproduced) and ``query_offset`` (>= 0).
+    """
+    spec = body.get("sample")
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise ApiError(400, f"field 'sample' must be an object {{pool_size, alpha, seed}}, got "
+                            f"{type(spec).__name__}")
+    unknown = sorted(set(spec) - set(_SAMPLE_FIELDS))
+    if unknown:
+        raise ApiError(400, f"field 'sample' has unknown key(s) {unknown}; expected "
+                            f"{list(_SAMPLE_FIELDS)}")
+    values = {**asdict(SampleSpec()), "seed": secrets.randbelow(MAX_SEED + 1),
+              **{key: value for key, value in spec.items() if value is not None}}
+    pool_size = _sample_int(values, "pool_size", 1, limits.max_k)
+    if k > pool_size:
+        raise ApiError(400, f"field '{k_name}' = {k} exceeds sample.pool_size = {pool_size}; "
+                            f"the sampled documents are drawn from the pool")
+    alpha = values["alpha"]
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) \
+            or not (math.isfinite(alpha) and alpha > 0):
+        raise ApiError(400, f"field 'sample.alpha' must be a positive number, got {alpha!r}")
+    seed = _sample_int(values, "seed", 0, MAX_SEED)
+    offset = _sample_int(values, "query_offset", 0, MAX_SEED)
+    return SampleSpec(pool_size, float(alpha), seed, offset)
+
+
 def _read_at_most(stream: Any, limit: int) -> bytes:
     """Up to ``limit`` bytes of ``stream`` (a read may return fewer bytes than asked)."""
     chunks: list[bytes] = []
@@ -186,13 +246,38 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
     app.config["MAX_CONTENT_LENGTH"] = limits.max_body_bytes
     started = time.monotonic()
     counters = _Counters()
-    description = retriever.describe()
+    reload_lock = threading.Lock()
+    reloads = {"count": 0, "path": None}
 
     def run_search(queries: Sequence[str], k: int) -> tuple[Any, Any]:
         try:
             return scheduler.search(queries, k, timeout=limits.request_timeout_s)
         except TimeoutError as err:
             raise ApiError(503, f"{err}; the server is overloaded", "timeout") from err
+
+    def ranked(queries: Sequence[str], k: int, spec: SampleSpec | None
+               ) -> tuple[list[list[tuple[int, float]]], list[dict[str, Any]] | None]:
+        """Per query, the ``(corpus row, score)`` pairs to answer with, and for a sampled
+        request the per-query sampling record (``logprob``, ``pool_rows``, ``picks``)."""
+        if spec is None:
+            scores, rows = run_search(queries, k)
+            return [[(int(r), float(s)) for s, r in zip(sc, rw, strict=True) if r >= 0]
+                    for sc, rw in zip(scores, rows, strict=True)], None
+        scores, rows = run_search(queries, spec.pool_size)
+        hits, records = [], []
+        for i, (sc, rw) in enumerate(zip(scores, rows, strict=True)):
+            keep = rw >= 0
+            pool_scores, pool_rows = sc[keep], rw[keep]
+            picks, logprob = sample_pool(pool_scores, k, spec.alpha,
+                                         query_rng(spec.seed, spec.query_offset + i))
+            hits.append([(int(pool_rows[p]), float(pool_scores[p])) for p in picks])
+            records.append({"logprob": logprob, "picks": [int(p) for p in picks],
+                            "pool_rows": [int(r) for r in pool_rows]})
+        return hits, records
+
+    def sample_info(spec: SampleSpec) -> dict[str, Any]:
+        return {"pool_size": spec.pool_size, "alpha": spec.alpha, "seed": spec.seed,
+                "query_offset": spec.query_offset}
 
     def read_body() -> dict[str, Any]:
         try:
@@ -256,11 +341,20 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
         body = read_body()
         queries = parse_queries(body, "questions", limits)
         k = parse_k(body, "N", config.default_n, limits)
-        _, rows = run_search(queries, k)
-        docs = retriever.passages(rows)
+        spec = parse_sample(body, k, "N", limits)
+        hits, records = ranked(queries, k, spec)
+        docs = retriever.corpus.get([r for row in hits for r, _ in row])
         counters.served(len(queries))
-        return _json([{"question": q, "top_k_docs": [p.contents for p in d]}
-                      for q, d in zip(queries, docs, strict=True)])
+        out, start = [], 0
+        for i, (question, row) in enumerate(zip(queries, hits, strict=True)):
+            item: dict[str, Any] = {"question": question, "top_k_docs": [
+                p.contents for p in docs[start:start + len(row)]]}
+            start += len(row)
+            if records is not None:
+                item.update(records[i], scores=[s for _, s in row],
+                            sample=sample_info(spec))  # type: ignore[arg-type]
+            out.append(item)
+        return _json(out)
 
     @app.post("/retrieve")
     def retrieve() -> Response:
@@ -268,22 +362,51 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
         queries = parse_queries(body, "queries", limits)
         k = parse_k(body, "topk", config.default_topk, limits)
         with_scores = parse_bool(body, "return_scores", False)
-        scores, rows = run_search(queries, k)
-        docs = retriever.passages(rows)
+        spec = parse_sample(body, k, "topk", limits)
+        hits, records = ranked(queries, k, spec)
+        docs = iter(retriever.corpus.get([r for row in hits for r, _ in row]))
         result = []
-        for passages, row_scores, row_ids in zip(docs, scores, rows, strict=True):
-            items = [{"id": p.id, "contents": p.contents} for p in passages]
-            if with_scores:
-                kept = [float(s) for s, r in zip(row_scores, row_ids, strict=True) if r >= 0]
-                items = [{"document": d, "score": s} for d, s in zip(items, kept, strict=True)]
+        for row in hits:
+            items: list[dict[str, Any]] = []
+            for _, score in row:
+                passage = next(docs)
+                doc = {"id": passage.id, "contents": passage.contents}
+                items.append({"document": doc, "score": score} if with_scores else doc)
             result.append(items)
         counters.served(len(queries))
-        return _json({"result": result})
+        if spec is None:
+            return _json({"result": result})
+        return _json({"result": result, "sampling": records, "sample": sample_info(spec)})
+
+    @app.post(RELOAD_PATH)
+    def reload_encoder() -> Response:
+        body = read_body()
+        path = body.get("path")
+        if path is not None and (not isinstance(path, str) or not path.strip()):
+            raise ApiError(400, "field 'path' must be the folder of a query encoder checkpoint "
+                                "(a non-empty string), or absent for the index's own encoder")
+        if not reload_lock.acquire(blocking=False):
+            raise ApiError(409, "another encoder reload is in progress", "conflict")
+        try:
+            started_at = time.monotonic()
+            identity = retriever.reload_encoder(path)
+            reloads["count"] += 1
+            reloads["path"] = path
+        except (FileNotFoundError, IndexLoadError, OSError, ValueError) as err:
+            raise ApiError(400, f"cannot load the query encoder from {path!r}: {err}",
+                           "bad_encoder") from err
+        finally:
+            reload_lock.release()
+        logger.info("query encoder reloaded from %s (fingerprint %s)",
+                    path or "the index's own encoder", identity.get("fingerprint"))
+        return _json({"status": "ok", "encoder": identity,
+                      "seconds": round(time.monotonic() - started_at, 3)})
 
     @app.get("/health")
     def health() -> Response:
         return _json({
-            "status": "ok", **description,
+            "status": "ok", **retriever.describe(),
+            "encoder_reloads": reloads["count"],
             "uptime_s": round(time.monotonic() - started, 1),
             "requests_served": counters.requests, "queries_served": counters.queries,
             "client_errors": counters.client_errors,

@@ -92,6 +92,45 @@ class RetrievalClient:
             out.extend(payload["result"])
         return out
 
+    def retrieve_sampled(self, queries: Sequence[str], topk: int, pool_size: int, alpha: float,
+                         seed: int) -> list[dict[str, Any]]:
+        """Stochastic retrieval (HARR): per query ``{"documents": [{"id", "contents", "score"}],
+        "logprob", "picks", "pool_rows"}``, the documents in sampled order.
+
+        Query ``i`` of ``queries`` draws from the stream ``(seed, i)`` however the batch is
+        split into requests (each chunk sends its offset), so the same call returns the same
+        answer, and repeated queries in one call are independent samples (a GRPO group).
+        """
+        out: list[dict[str, Any]] = []
+        offset = 0
+        for chunk in self._chunks(queries):
+            payload = self._call("POST", "/retrieve", {
+                "queries": chunk, "topk": topk, "return_scores": True,
+                "sample": {"pool_size": pool_size, "alpha": alpha, "seed": seed,
+                           "query_offset": offset}})
+            for hits, record in zip(payload["result"], payload["sampling"], strict=True):
+                documents = [{**hit["document"], "score": hit["score"]} for hit in hits]
+                out.append({"documents": documents, **record})
+            offset += len(chunk)
+        return out
+
+    def reload_encoder(self, path: str | None = None) -> dict[str, Any]:
+        """Make the server embed queries with the encoder checkpoint at ``path`` (a folder the
+        server can read; ``None``: the index's own encoder). Returns the new encoder's identity.
+
+        Not retried on a time-out (a reload that timed out may still complete): loading a
+        large encoder can take a while, so this call waits up to ten times the usual time-out.
+        """
+        body = {} if path is None else {"path": str(path)}
+        try:
+            payload = self._once("POST", "/admin/reload_encoder", body, self.timeout * 10)
+        except (requests.ConnectionError, requests.Timeout, _Retriable) as err:
+            self.close()
+            raise RetrieverUnavailableError(
+                f"retrieval server at {self.url}: encoder reload failed ({type(err).__name__}: "
+                f"{err})", attempts=1) from err
+        return dict(payload["encoder"])
+
     def search_documents(self, queries: Sequence[str], k: int) -> list[list[dict[str, Any]]]:
         """Ranked ``{"id", "contents"}`` documents per query: what the pipeline merges by id."""
         return self.retrieve(queries, topk=k, return_scores=False)

@@ -470,11 +470,33 @@ class Retriever:
         return [list(zip(d, [float(s) for s, r in zip(sc, rw, strict=True) if r >= 0],
                          strict=True)) for d, sc, rw in zip(docs, scores, rows, strict=True)]
 
+    def reload_encoder(self, model: str | None = None) -> dict[str, Any]:
+        """Swap in the query encoder at ``model`` (default: the one the index was built with).
+
+        The query encoder's RL stage (``stage: retriever_rl``) trains the query side only: the
+        passage vectors in ``index.faiss`` stay as built, so the new weights must produce
+        vectors of the same dimension, pooling, normalisation and prefixes (all taken from
+        meta.json here, so only the weights change). The new encoder is loaded completely
+        before the attribute is replaced, so a search running meanwhile finishes with the old
+        one and the next starts with the new one; nothing else of the index is touched.
+        Returns the new encoder's identity.
+        """
+        current = self.encoder.config
+        config = encoder_config_from_meta(self.meta, model).with_overrides(
+            batch_size=current.batch_size, device=current.device, fp16=current.fp16)
+        encoder = Encoder(config)
+        if encoder.dim != self.meta.dim:
+            raise IndexMismatchError(f"encoder {model!r} gives {encoder.dim}-d vectors, the index "
+                                     f"holds {self.meta.dim}-d vectors")
+        self.encoder = encoder
+        return encoder.identity()
+
     def describe(self) -> dict[str, Any]:
         return {"corpus_size": len(self.corpus), "dim": self.meta.dim,
                 "index_type": self.meta.factory, "index_class": type(self.index).__name__,
                 "placement": self.placement, "metric": self.meta.metric,
-                "encoder": {"name": self.encoder.name, "pooling": self.encoder.config.pooling,
+                "encoder": {"name": self.encoder.name, "path": str(self.encoder.model_path),
+                            "pooling": self.encoder.config.pooling,
                             "normalize": self.encoder.config.normalize,
                             "query_prefix": self.encoder.config.query_prefix,
                             "device": str(self.encoder.device)}}
