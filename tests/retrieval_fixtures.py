@@ -7,6 +7,7 @@ module reuses one build (a few seconds on 2 cores).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -146,6 +147,31 @@ def running_server(args: list[str], env: dict[str, str] | None = None,
         yield server
     finally:
         server.stop()
+
+
+def shared_server(key: str, args: list[str], env: dict[str, str] | None = None,
+                  log_path: Path | None = None) -> ServerProcess:
+    """A server started once per test session under ``key`` and stopped when the session's
+    interpreter exits, for modules that need the same server (a start and stop cost about ten
+    seconds on 2 cores). A test that changes the server's state (reloads its encoder) must put
+    it back."""
+    if key not in _CACHE:
+        server = ServerProcess(args, env, log_path)
+        atexit.register(server.stop)
+        server.wait_ready()
+        _CACHE[key] = server
+    return _CACHE[key]
+
+
+HARR_TOKEN = "harr-token"
+
+
+def harr_server(index_dir: Path, tmp_path_factory: Any) -> ServerProcess:
+    """The tiny world's server with a token and ``--max-k 40``, shared with the retriever_rl
+    integration tests (each test that reloads its encoder restores it)."""
+    log = tmp_path_factory.mktemp("harr_server") / "server.log"
+    return shared_server("harr", ["--index", str(index_dir), "--device", "cpu", "--max-k", "40"],
+                         env={"MMOA_RETRIEVER_TOKEN": HARR_TOKEN}, log_path=log)
 
 
 def run_launcher(args: list[str], env: dict[str, str] | None = None,

@@ -24,9 +24,9 @@ from mmoa.retrieval.sampling import (
     query_rng,
     sample_pool,
 )
-from tests.retrieval_fixtures import ServerProcess
+from tests.retrieval_fixtures import HARR_TOKEN as TOKEN
+from tests.retrieval_fixtures import ServerProcess, harr_server
 
-TOKEN = "sampling-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 QUERIES = ["Who directed Crimson Bridge?", "capital of Moristan", "Who founded it?"]
 
@@ -119,15 +119,8 @@ def test_query_streams_are_reproducible_and_independent() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_index_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    log = tmp_path_factory.mktemp("sampling_server") / "server.log"
-    proc = ServerProcess(["--index", str(tiny_index_dir), "--device", "cpu", "--max-k", "40"],
-                         env={"MMOA_RETRIEVER_TOKEN": TOKEN}, log_path=log)
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
+def server(tiny_index_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
+    return harr_server(tiny_index_dir, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

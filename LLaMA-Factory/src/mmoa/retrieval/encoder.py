@@ -140,6 +140,23 @@ def describe_encoder(config: EncoderConfig) -> dict[str, Any]:
             "passage_prefix": config.passage_prefix, "max_length": config.max_length}
 
 
+def pool_hidden(hidden: Any, attention_mask: Any, config: EncoderConfig) -> Any:
+    """Token states ``[n, t, d]`` -> float32 text vectors ``[n, d]`` by ``config``'s pooling and
+    normalisation. One definition for the server's encoder and the query encoder's RL stage,
+    whose recomputed query vectors must be the server's (differentiable: plain torch ops)."""
+    import torch
+
+    if config.pooling == "cls":
+        pooled = hidden[:, 0]
+    else:
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    pooled = pooled.float()
+    if config.normalize:
+        pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+    return pooled
+
+
 class Encoder:
     """Batched, thread-compatible (one caller at a time) encoder of queries and passages."""
 
@@ -189,14 +206,7 @@ class Encoder:
                                        max_length=self.config.max_length, return_tensors="pt")
                 batch = {k: v.to(self.device) for k, v in batch.items()}
                 hidden = self.model(**batch).last_hidden_state
-                if self.config.pooling == "cls":
-                    pooled = hidden[:, 0]
-                else:
-                    mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                    pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-                pooled = pooled.float()
-                if self.config.normalize:
-                    pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+                pooled = pool_hidden(hidden, batch["attention_mask"], self.config)
                 out[idx] = pooled.cpu().numpy()
         return out
 

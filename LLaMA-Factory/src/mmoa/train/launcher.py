@@ -1,10 +1,11 @@
-"""``mmoa-cli train CONFIG [key=value ...]``: our stage ``mappo``, LLaMA-Factory for the rest.
+"""``mmoa-cli train CONFIG [key=value ...]``: our stages ``mappo`` and ``retriever_rl``,
+LLaMA-Factory for the rest.
 
-For every stage other than ``mappo`` the command hands its arguments, unchanged, to
-``llamafactory-cli train``'s own entry point in this process, so SFT, DPO, reward modelling and
-the rest behave exactly as with ``llamafactory-cli`` (including its torchrun re-launch on several
-GPUs and its ``key=value`` overrides). Only the stage is read here, with the same OmegaConf
-semantics LLaMA-Factory uses.
+For every stage other than ``mappo`` and ``retriever_rl`` the command hands its arguments,
+unchanged, to ``llamafactory-cli train``'s own entry point in this process, so SFT, DPO,
+reward modelling and the rest behave exactly as with ``llamafactory-cli`` (including its
+torchrun re-launch on several GPUs and its ``key=value`` overrides). Only the stage is read
+here, with the same OmegaConf semantics LLaMA-Factory uses.
 
 Before either runs, :func:`mmoa.preflight.check_train_config` checks that the model folder and
 the datasets exist, so a missing one is a two-line message naming the command that makes it,
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 MAPPO_STAGE = "mappo"
+#: The query encoder's RL stage (HARR; ``mmoa.train.retriever_rl``): one process, our own loop.
+RETRIEVER_RL_STAGE = "retriever_rl"
 
 
 class TrainConfigError(ValueError):
@@ -73,9 +76,9 @@ def run_train(argv: Sequence[str]) -> int:
     try:
         check_train_config(config)
     except PreflightError as err:
-        if stage != MAPPO_STAGE:
+        if stage not in (MAPPO_STAGE, RETRIEVER_RL_STAGE):
             raise
-        print(err.report("[mappo] error:"), file=sys.stderr, flush=True)
+        print(err.report(f"[{stage}] error:"), file=sys.stderr, flush=True)
         return 1
     if stage == MAPPO_STAGE and _wants_torchrun():
         return _relaunch_with_torchrun(argv)
@@ -86,6 +89,10 @@ def run_train(argv: Sequence[str]) -> int:
         from mmoa.train.mappo.workflow import run_mappo_from_config
 
         return run_mappo_from_config(config)
+    if stage == RETRIEVER_RL_STAGE:
+        from mmoa.train.retriever_rl.workflow import run_retriever_rl_from_config
+
+        return run_retriever_rl_from_config(config)
     return run_llamafactory("train", argv)
 
 

