@@ -21,6 +21,11 @@ from mmoa.retrieval.client import DEFAULT_URL
 STAGE = "retriever_rl"
 FINETUNING_TYPES = ("lora", "full")
 GENERATOR_MODES = ("rag",)
+#: ``f1``: token F1 of the frozen generator's answer (HARR); ``recall``: the fraction of the
+#: question's gold passages among the sampled documents (needs ``supporting_ids``), a
+#: retrieval-only reward for data with passage labels and for checking the loop without an LLM
+#: that can answer.
+REWARDS = ("f1", "recall")
 #: LLaMA-Factory keys that may appear in a config (shared files, the web UI) and mean nothing
 #: to this stage; everything else that is not a field below is an error.
 IGNORED_KEYS = frozenset({"stage", "do_train", "report_to", "overwrite_output_dir",
@@ -80,6 +85,7 @@ class RetrieverRLArguments:
 
     # --- the frozen generator side ---
     retriever_generator: str = "rag"
+    retriever_reward: str = "f1"
     retriever_generator_batch_size: int = 16
     retriever_max_new_tokens: int = defaults.MAX_NEW_TOKENS["generator"]
 
@@ -122,6 +128,9 @@ class RetrieverRLArguments:
             raise ValueError(f"retriever_generator must be one of {list(GENERATOR_MODES)} (the "
                              f"plain RAG generator; the QR/S/G pipeline is not built yet), got "
                              f"{self.retriever_generator!r}")
+        if self.retriever_reward not in REWARDS:
+            raise ValueError(f"retriever_reward must be one of {list(REWARDS)}, got "
+                             f"{self.retriever_reward!r}")
         if self.retriever_grpo_normalise not in ("mean", "mean_std"):
             raise ValueError(f"retriever_grpo_normalise must be 'mean' or 'mean_std', got "
                              f"{self.retriever_grpo_normalise!r}")

@@ -91,4 +91,11 @@ def grpo_update(embed: Callable[[Sequence[str]], torch.Tensor],
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm))
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    if signal:
+        # How far the update moved the batch's log-probabilities: the scale against which
+        # the next step's logprob_gap tells a server that reloaded from one that did not.
+        with torch.no_grad():
+            after = sample_logprobs(embed(unique)[where], groups.pool_vectors, groups.valid,
+                                    groups.picks, alpha)
+        stats["logprob_shift"] = float((after.cpu() - old).abs().mean())
     return stats

@@ -58,6 +58,11 @@ class RetrieverRLTrainer:
                                       timeout=args.retriever_timeout)
         health = self.client.wait_until_ready(timeout=30)
         self.records = load_mappo_records(args.dataset, args.dataset_dir, args.max_samples)
+        unlabelled = [r.id for r in self.records if not r.supporting_ids]
+        if args.retriever_reward == "recall" and unlabelled:
+            raise ValueError(f"retriever_reward: recall needs the gold passage ids "
+                             f"(supporting_ids) of every question; {len(unlabelled)} of "
+                             f"dataset {args.dataset!r} have none (e.g. {unlabelled[0]!r})")
         self.vectors = DocumentVectors(Path(args.retriever_index))
         if health.get("corpus_size") != self.vectors.size or health.get("dim") != self.vectors.dim:
             raise ValueError(
@@ -121,21 +126,22 @@ class RetrieverRLTrainer:
                    for q, s in zip(queries, sampled, strict=True)]
         calls = self.generator.generate("generator", prompts)
         generate_s = time.perf_counter() - started
-        rewards, recalls = [], []
+        f1s, recalls = [], []
         for i, call in enumerate(calls):
             record = records[i // g]
-            rewards.append(f1_score(parse_answer(call.response_text).answer, record.answers))
+            f1s.append(f1_score(parse_answer(call.response_text).answer, record.answers))
             if record.supporting_ids:
                 got = {d["id"] for d in sampled[i]["documents"]}
                 recalls.append(len(got & set(record.supporting_ids))
                                / len(set(record.supporting_ids)))
+        rewards = f1s if args.retriever_reward == "f1" else recalls
         pool_vectors, valid = pool_tensors(self.vectors, [s["pool_rows"] for s in sampled])
         groups = RetrievalGroups(
             queries=queries, picks=torch.tensor(picks, dtype=torch.long),
             pool_vectors=pool_vectors, valid=valid,
             old_logprobs=torch.tensor([s["logprob"] for s in sampled], dtype=torch.float64),
             rewards=torch.tensor(rewards, dtype=torch.float64).reshape(len(records), g))
-        stats = {"answer_f1": float(sum(rewards) / len(rewards)),
+        stats = {"answer_f1": float(sum(f1s) / len(f1s)),
                  "time/retrieve": retrieve_s, "time/generate": generate_s}
         if recalls:
             stats["recall"] = float(sum(recalls) / len(recalls))
