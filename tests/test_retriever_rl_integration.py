@@ -1,6 +1,7 @@
 """The retriever_rl stage end to end: ``mmoa-cli train`` with the tiny model as the frozen
-generator against the real server on loopback, 2 steps, a servable encoder checkpoint, the
-server's encoder kept in sync and restored, resume; and the LoRA-merged encoder a checkpoint
+generator against the real server on loopback, 2 steps (one retrieval per sub-question, with
+the history-aware state), a servable encoder checkpoint, the server's encoder kept in sync and
+restored, resume; and the LoRA-merged encoder a checkpoint
 holds embeds exactly as the trained policy does."""
 
 from __future__ import annotations
@@ -66,7 +67,10 @@ def _config(model: Path, data: Path, index: Path, url: str, out: Path,
             "retriever_lora_alpha": 8, "retriever_max_new_tokens": 8,
             # the tiny model cannot answer (F1 0 everywhere, no signal): the gold passages'
             # recall is the reward here, so the updates and the reloads really happen
-            "retriever_reward": "recall", "learning_rate": 3e-3, **extra}
+            "retriever_reward": "recall", "learning_rate": 3e-3,
+            # one retrieval per reference sub-question with HARR's history-aware state: the
+            # server embeds the history texts, so logprob_gap checks every round's bookkeeping
+            "retriever_queries": "decomposition", "retriever_history": True, **extra}
 
 
 def _train(config: dict[str, Any], path: Path) -> int:
@@ -92,6 +96,7 @@ def test_two_steps_write_a_servable_encoder_and_resume(
     # server sampled from the updated encoder
     assert lines[0]["grad_norm"] > 0 and lines[0]["logprob_shift"] > 1e-2
     assert lines[0]["reward"] == lines[0]["recall"]
+    assert any(line["retrievals_per_sample"] > 1 for line in lines)
     assert "time/reload" in lines[0]
     for name in ("checkpoint-1", "checkpoint-2", "encoder", "trainer_state.json",
                  "training_reward.png"):

@@ -113,6 +113,8 @@ def test_config_keys_are_checked_by_name() -> None:
         parse_retriever_rl_args({**base, "retriever_top_k": 4, "retriever_pool_size": 3})
     with pytest.raises(ValueError, match="retriever_alpha must be a positive number"):
         parse_retriever_rl_args({**base, "retriever_alpha": 0})
+    with pytest.raises(ValueError, match="retriever_history: true needs retriever_queries"):
+        parse_retriever_rl_args({**base, "retriever_history": True})
     with pytest.raises(ValueError, match="retriever_finetuning must be one of"):
         parse_retriever_rl_args({**base, "retriever_finetuning": "qlora"})
     with pytest.raises(ValueError, match=r"required key\(s\) \['template'\]"):
@@ -128,3 +130,53 @@ def test_the_demo_example_parses_with_harrs_settings() -> None:
     assert (args.retriever_pool_size, args.retriever_top_k, args.retriever_alpha,
             args.retriever_group_size, args.retriever_finetuning, args.retriever_lora_rank) \
         == (30, 3, 0.05, 8, "lora", 32)
+
+
+def test_history_aware_state_puts_the_current_sub_query_first() -> None:
+    from mmoa.data.records import QARecord
+    from mmoa.train.retriever_rl.state import observation, state_text, sub_queries
+
+    record = QARecord(id="b", question="In which country was X born?", answers=["Y"],
+                      decomposition=["Where was X born?", "Which country is X's birthplace in?"])
+    assert sub_queries(record, "decomposition") == record.decomposition
+    assert sub_queries(record, "question") == [record.question]
+    plain = QARecord(id="p", question="Who is X?", answers=["Z"])
+    assert sub_queries(plain, "decomposition") == ["Who is X?"]
+    seen = observation(["X\nX was born in  Lurn, a city.", "Lurn\n" + "long " * 100])
+    assert seen.startswith("X X was born in Lurn, a city. | Lurn long")
+    assert len(seen.split(" | ")[1]) == 200
+    assert state_text("Which country?", []) == "Which country?"
+    assert state_text("Which country?", [("Where was X born?", seen)]).split("\n") == [
+        "Which country?", f"Where was X born?: {seen}"]
+
+
+def test_several_retrievals_per_sample_are_its_tokens() -> None:
+    """Samples 0 and 2 retrieve twice, 1 and 3 once: the [N, H] layout, and a loss whose
+    gradient reaches every retrieval (each carries its sample's advantage)."""
+    docs, encoder, _ = _setup()
+    # (a question whose retrievals carry opposite advantages with the same picks would get
+    # cancelling gradients: each question here keeps one sign)
+    queries = ["q0", "q1", "q2", "q3", "q1", "q2"]
+    sample_of = torch.tensor([0, 0, 1, 2, 2, 3])
+    groups = RetrievalGroups(
+        queries=queries, picks=torch.tensor([[0, 1]] * 6),
+        pool_vectors=torch.from_numpy(np.stack([docs[:4]] * 6)),
+        valid=torch.ones(6, 4, dtype=torch.bool),
+        old_logprobs=torch.full((6,), -2.0, dtype=torch.float64),
+        rewards=torch.tensor([[1.0, 0.0], [1.0, 0.0]]), sample_of=sample_of)
+    sample, hop, mask = groups.layout()
+    assert sample.tolist() == sample_of.tolist() and hop.tolist() == [0, 1, 0, 0, 1, 0]
+    assert mask.tolist() == [[True, True], [True, False], [True, True], [True, False]]
+    before = encoder.table.detach().clone()
+    stats = grpo_update(encoder.embed, list(encoder.parameters()),
+                        torch.optim.SGD(encoder.parameters(), lr=0.1), groups, alpha=ALPHA,
+                        cliprange=10.0)
+    assert stats["grad_norm"] > 0
+    moved = (encoder.table.detach() - before).abs().sum(dim=1)
+    assert bool((moved > 0).all())  # every question's state got a gradient
+    with pytest.raises(ValueError, match="non-decreasing"):
+        RetrievalGroups(queries=queries[:2], picks=torch.tensor([[0, 1]] * 2),
+                        pool_vectors=torch.zeros(2, 4, DIM), valid=torch.ones(2, 4,
+                                                                             dtype=torch.bool),
+                        old_logprobs=torch.zeros(2, dtype=torch.float64),
+                        rewards=torch.zeros(1, 2), sample_of=torch.tensor([1, 0]))

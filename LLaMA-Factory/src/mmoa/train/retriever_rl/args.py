@@ -17,6 +17,7 @@ from typing import Any
 
 from mmoa import defaults
 from mmoa.retrieval.client import DEFAULT_URL
+from mmoa.train.retriever_rl.state import QUERY_MODES
 
 STAGE = "retriever_rl"
 FINETUNING_TYPES = ("lora", "full")
@@ -86,6 +87,12 @@ class RetrieverRLArguments:
     # --- the frozen generator side ---
     retriever_generator: str = "rag"
     retriever_reward: str = "f1"
+    #: ``question``: one retrieval per question; ``decomposition``: one per reference
+    #: sub-question, in order (see :mod:`.state`).
+    retriever_queries: str = "question"
+    #: HARR's history-aware state: earlier sub-queries and what they retrieved join the
+    #: current sub-query (needs ``retriever_queries: decomposition``).
+    retriever_history: bool = False
     retriever_generator_batch_size: int = 16
     retriever_max_new_tokens: int = defaults.MAX_NEW_TOKENS["generator"]
 
@@ -131,6 +138,15 @@ class RetrieverRLArguments:
         if self.retriever_reward not in REWARDS:
             raise ValueError(f"retriever_reward must be one of {list(REWARDS)}, got "
                              f"{self.retriever_reward!r}")
+        if self.retriever_queries not in QUERY_MODES:
+            raise ValueError(f"retriever_queries must be one of {list(QUERY_MODES)}, got "
+                             f"{self.retriever_queries!r}")
+        if not isinstance(self.retriever_history, bool):
+            raise ValueError(f"retriever_history must be true or false, got "
+                             f"{self.retriever_history!r}")
+        if self.retriever_history and self.retriever_queries != "decomposition":
+            raise ValueError("retriever_history: true needs retriever_queries: decomposition "
+                             "(with one retrieval per question there is no history)")
         if self.retriever_grpo_normalise not in ("mean", "mean_std"):
             raise ValueError(f"retriever_grpo_normalise must be 'mean' or 'mean_std', got "
                              f"{self.retriever_grpo_normalise!r}")

@@ -5,8 +5,13 @@ rewards ``[Q, G]``, the pools (as frozen passage vectors), the ordered picks and
 log-probabilities the server reported. The query vectors are recomputed with gradients, the
 pool scores are their inner products with the frozen passage vectors, and the log-probability
 is :func:`mmoa.retrieval.sampling.plackett_luce_logprob` of those scores (the server's own
-definition). Advantages and the clipped surrogate come from ``mmoa.train.mappo.ppo_math``
-(one sample = one "token" of the loss), so there is no second copy of the GRPO maths.
+definition). Advantages and the clipped surrogate come from ``mmoa.train.mappo.ppo_math``, so
+there is no second copy of the GRPO maths.
+
+A sample (one of a question's ``G`` rollouts) may hold several retrievals (one per sub-question,
+``retriever_queries: decomposition``). Each retrieval is then one "token" of the sample: row
+``i`` of the ``[N, H]`` matrices holds sample ``i``'s retrievals in order, all with the sample's
+advantage, and the clipped ratio is taken per retrieval, as GRPO takes it per token.
 """
 
 from __future__ import annotations
@@ -32,22 +37,44 @@ def sample_logprobs(query_vectors: torch.Tensor, pool_vectors: torch.Tensor,
 
 @dataclass
 class RetrievalGroups:
-    """A step's rollouts, sample ``q * G + g`` being question ``q``'s ``g``-th retrieval."""
+    """A step's rollouts: ``E`` retrievals belonging to ``N = Q * G`` samples, sample
+    ``q * G + g`` being question ``q``'s ``g``-th rollout."""
 
-    queries: list[str]          # [N] the query (state) text of each sample
-    picks: torch.Tensor         # [N, k] positions in the pool, in sampled order
-    pool_vectors: torch.Tensor  # [N, P, d] frozen passage vectors of the pool
-    valid: torch.Tensor         # [N, P] pool slots that exist
-    old_logprobs: torch.Tensor  # [N] behaviour log-probabilities (the server's)
+    queries: list[str]          # [E] the state text each retrieval embedded
+    picks: torch.Tensor         # [E, k] positions in the pool, in sampled order
+    pool_vectors: torch.Tensor  # [E, P, d] frozen passage vectors of the pool
+    valid: torch.Tensor         # [E, P] pool slots that exist
+    old_logprobs: torch.Tensor  # [E] behaviour log-probabilities (the server's)
     rewards: torch.Tensor       # [Q, G]
+    #: [E] the sample of each retrieval, non-decreasing (a sample's retrievals in order);
+    #: ``None``: one retrieval per sample (E = N).
+    sample_of: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        n = len(self.queries)
+        e = len(self.queries)
         q, g = self.rewards.shape
-        if q * g != n or self.picks.shape[0] != n or self.old_logprobs.shape != (n,):
-            raise ValueError(f"{n} samples do not match rewards [{q}, {g}], picks "
-                             f"{tuple(self.picks.shape)}, old_logprobs "
-                             f"{tuple(self.old_logprobs.shape)}")
+        if self.sample_of is None:
+            self.sample_of = torch.arange(e)
+        if self.picks.shape[0] != e or self.old_logprobs.shape != (e,) \
+                or self.sample_of.shape != (e,):
+            raise ValueError(f"{e} retrievals do not match picks {tuple(self.picks.shape)}, "
+                             f"old_logprobs {tuple(self.old_logprobs.shape)}, sample_of "
+                             f"{tuple(self.sample_of.shape)}")
+        if e and (int(self.sample_of.min()) < 0 or int(self.sample_of.max()) >= q * g
+                  or bool((self.sample_of.diff() < 0).any())):
+            raise ValueError(f"sample_of must be non-decreasing sample numbers in 0..{q * g - 1}")
+
+    def layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(sample, hop, mask)``: each retrieval's cell in the ``[N, H]`` matrices, and the
+        ``[N, H]`` mask of the cells that hold one."""
+        assert self.sample_of is not None
+        n = self.rewards.numel()
+        counts = torch.bincount(self.sample_of, minlength=n)
+        starts = torch.cumsum(counts, 0) - counts
+        hop = torch.arange(len(self.queries)) - starts[self.sample_of]
+        mask = torch.zeros((n, int(counts.max()) if n else 0), dtype=torch.bool)
+        mask[self.sample_of, hop] = True
+        return self.sample_of, hop, mask
 
 
 def grpo_update(embed: Callable[[Sequence[str]], torch.Tensor],
@@ -63,8 +90,14 @@ def grpo_update(embed: Callable[[Sequence[str]], torch.Tensor],
     advantages = group_relative_advantages(groups.rewards, normalise).reshape(-1)
     unique = list(dict.fromkeys(groups.queries))
     where = torch.tensor([unique.index(q) for q in groups.queries])
-    ones = torch.ones((len(groups.queries), 1), dtype=torch.bool)
+    sample, hop, mask = groups.layout()
     old = groups.old_logprobs.double()
+
+    def as_matrix(values: torch.Tensor) -> torch.Tensor:  # [E] -> [N, H], differentiable
+        out = torch.zeros(mask.shape, dtype=values.dtype, device=values.device)
+        return out.index_put((sample.to(values.device), hop.to(values.device)), values)
+
+    adv_matrix = advantages[:, None].expand(mask.shape)
     stats: dict[str, float] = {
         "reward": float(groups.rewards.mean()),
         "grpo/zero_variance_fraction": float(zero_variance_groups(groups.rewards).double()
@@ -79,9 +112,8 @@ def grpo_update(embed: Callable[[Sequence[str]], torch.Tensor],
             # weights; large when it serves something else (a stale or a wrong encoder).
             stats["logprob_gap"] = float((logprobs.detach().cpu() - old).abs().mean())
         device = logprobs.device
-        loss, loss_stats = policy_loss(logprobs[:, None], old[:, None].to(device),
-                                       advantages[:, None].to(device), ones.to(device),
-                                       cliprange)
+        loss, loss_stats = policy_loss(as_matrix(logprobs), as_matrix(old.to(device)),
+                                       adv_matrix.to(device), mask.to(device), cliprange)
         stats.update(loss=float(loss.detach()), **{k: float(v) for k, v in loss_stats.items()})
         if not signal:
             stats["grad_norm"] = 0.0

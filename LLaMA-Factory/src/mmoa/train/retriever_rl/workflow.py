@@ -1,9 +1,11 @@
 """The ``retriever_rl`` stage end to end: rollouts against the live server, GRPO updates of the
 query encoder, server reloads, logs, checkpoints and resume.
 
-A step: ``Q`` questions, each sent ``G`` times in one sampled ``/retrieve`` request (one seed per
-step, so query ``i`` of the step draws from stream ``(seed, i)``: reproducible, and the ``G``
-copies are independent samples); the frozen generator answers each question from its sampled
+A step: ``Q`` questions, each sent ``G`` times in one sampled ``/retrieve`` request per retrieval
+round (one seed per step and round, so query ``i`` of the request draws from stream
+``(seed, i)``: reproducible, and the ``G`` copies are independent samples; with
+``retriever_queries: decomposition`` one round per sub-question, see :mod:`.state`); the frozen
+generator answers each question from its sampled
 documents with the project's RAG prompt (greedy, so the reward depends on the retrieval only);
 reward = token F1 against the gold answers; one GRPO update (:mod:`.learner`); then the
 updated encoder is written to ``<output_dir>/rollout_encoder`` and the server reloads it, so
@@ -15,6 +17,7 @@ a shared file system): it loads the encoder from there.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import sys
@@ -34,7 +37,7 @@ PLOT_KEYS = ["loss", "reward", "answer_f1", "recall", "logprob_gap",
              "grpo/zero_variance_fraction"]
 ROLLOUT_ENCODER = "rollout_encoder"
 FINAL_ENCODER = "encoder"
-#: Seeds of the per-step sampled requests: ``seed * SEED_STRIDE + step``.
+#: Seed of the question shuffle of each pass over the data: ``seed * SEED_STRIDE + pass``.
 SEED_STRIDE = 1_000_003
 
 
@@ -102,28 +105,51 @@ class RetrieverRLTrainer:
             out.append(self.records[order[position]])
         return out
 
+    def step_seed(self, step: int, hop: int) -> int:
+        """The sampled request's seed of ``step``'s ``hop``-th retrievals: a function of
+        (seed, step, hop) alone, so a resumed run draws the same samples."""
+        digest = hashlib.sha256(f"{self.args.seed}/{step}/{hop}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") >> 1
+
     def rollout(self, step: int) -> tuple[Any, dict[str, float]]:
+        """``G`` rollouts of each of the step's questions: the sampled retrievals (one per
+        sub-query; all samples' ``h``-th retrievals in one request), the frozen generator's
+        answers from all documents picked, the rewards."""
         from mmoa.agents.parsers import parse_answer
         from mmoa.agents.prompts import generator_prompt
         from mmoa.metrics import f1_score
         from mmoa.train.retriever_rl.learner import RetrievalGroups
         from mmoa.train.retriever_rl.policy import pool_tensors
+        from mmoa.train.retriever_rl.state import observation, state_text, sub_queries
 
         args, g = self.args, self.args.retriever_group_size
         records = self.questions_of(step)
-        queries = [r.question for r in records for _ in range(g)]
+        subs = [sub_queries(r, args.retriever_queries) for r in records for _ in range(g)]
+        history: list[list[tuple[str, str]]] = [[] for _ in subs]
+        documents: list[dict[str, dict[str, Any]]] = [{} for _ in subs]  # id -> doc, in order
+        events: list[tuple[int, str, dict[str, Any]]] = []
         started = time.perf_counter()
-        sampled = self.client.retrieve_sampled(
-            queries, args.retriever_top_k, pool_size=args.retriever_pool_size,
-            alpha=args.retriever_alpha, seed=args.seed * SEED_STRIDE + step)
+        for hop in range(max(len(s) for s in subs)):
+            active = [i for i, s in enumerate(subs) if hop < len(s)]
+            states = [state_text(subs[i][hop], history[i] if args.retriever_history else [])
+                      for i in active]
+            sampled = self.client.retrieve_sampled(
+                states, args.retriever_top_k, pool_size=args.retriever_pool_size,
+                alpha=args.retriever_alpha, seed=self.step_seed(step, hop))
+            for i, state, result in zip(active, states, sampled, strict=True):
+                if len(result["picks"]) != args.retriever_top_k:
+                    raise ValueError(f"the index returned fewer than retriever_top_k="
+                                     f"{args.retriever_top_k} passages for {state!r}")
+                events.append((i, state, result))
+                for doc in result["documents"]:
+                    documents[i].setdefault(doc["id"], doc)
+                history[i].append((subs[i][hop], observation(
+                    [d["contents"] for d in result["documents"]])))
         retrieve_s = time.perf_counter() - started
-        picks = [s["picks"] for s in sampled]
-        if len({len(p) for p in picks}) != 1:
-            raise ValueError(f"the index returned fewer than retriever_top_k="
-                             f"{args.retriever_top_k} passages for some question")
         started = time.perf_counter()
-        prompts = [generator_prompt(q, [d["contents"] for d in s["documents"]])
-                   for q, s in zip(queries, sampled, strict=True)]
+        prompts = [generator_prompt(records[i // g].question,
+                                    [d["contents"] for d in documents[i].values()])
+                   for i in range(len(subs))]
         calls = self.generator.generate("generator", prompts)
         generate_s = time.perf_counter() - started
         f1s, recalls = [], []
@@ -131,17 +157,20 @@ class RetrieverRLTrainer:
             record = records[i // g]
             f1s.append(f1_score(parse_answer(call.response_text).answer, record.answers))
             if record.supporting_ids:
-                got = {d["id"] for d in sampled[i]["documents"]}
-                recalls.append(len(got & set(record.supporting_ids))
-                               / len(set(record.supporting_ids)))
+                gold = set(record.supporting_ids)
+                recalls.append(len(set(documents[i]) & gold) / len(gold))
         rewards = f1s if args.retriever_reward == "f1" else recalls
-        pool_vectors, valid = pool_tensors(self.vectors, [s["pool_rows"] for s in sampled])
+        events.sort(key=lambda event: event[0])  # stable: each sample's retrievals in order
+        pool_vectors, valid = pool_tensors(self.vectors, [e[2]["pool_rows"] for e in events])
         groups = RetrievalGroups(
-            queries=queries, picks=torch.tensor(picks, dtype=torch.long),
+            queries=[e[1] for e in events],
+            picks=torch.tensor([e[2]["picks"] for e in events], dtype=torch.long),
             pool_vectors=pool_vectors, valid=valid,
-            old_logprobs=torch.tensor([s["logprob"] for s in sampled], dtype=torch.float64),
-            rewards=torch.tensor(rewards, dtype=torch.float64).reshape(len(records), g))
+            old_logprobs=torch.tensor([e[2]["logprob"] for e in events], dtype=torch.float64),
+            rewards=torch.tensor(rewards, dtype=torch.float64).reshape(len(records), g),
+            sample_of=torch.tensor([e[0] for e in events], dtype=torch.long))
         stats = {"answer_f1": float(sum(f1s) / len(f1s)),
+                 "retrievals_per_sample": len(events) / len(subs),
                  "time/retrieve": retrieve_s, "time/generate": generate_s}
         if recalls:
             stats["recall"] = float(sum(recalls) / len(recalls))
