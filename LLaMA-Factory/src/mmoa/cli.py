@@ -557,14 +557,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _add_train_command(commands: argparse._SubParsersAction) -> None:
     train = commands.add_parser(
         "train",
-        help="train: stage mappo runs our MAPPO, every other stage runs llamafactory-cli train",
+        help="train: stages mappo and retriever_rl are ours, every other stage runs "
+             "llamafactory-cli train",
         description=(
             "Train from a LLaMA-Factory YAML/JSON config. 'stage: mappo' runs the multi-agent "
-            "PPO stage of this project; any other stage is exactly 'llamafactory-cli train'."
+            "PPO stage of this project, 'stage: retriever_rl' trains the retriever's query "
+            "encoder with GRPO on sampled retrievals (docs/retriever_rl.md); any other stage "
+            "is exactly 'llamafactory-cli train'."
         ),
         epilog=(
             "examples:\n"
             "  mmoa-cli train LLaMA-Factory/examples/demo/tiny_full_sft.yaml\n"
+            "  mmoa-cli train LLaMA-Factory/examples/demo/smollm2_retriever_rl.yaml\n"
             "  mmoa-cli train LLaMA-Factory/examples/demo/tiny_full_sft.yaml "
             "num_train_epochs=1 output_dir=saves/try"
         ),
