@@ -31,6 +31,8 @@ def test_lora_checkpoint_encoder_embeds_like_the_policy(tiny_index_dir: Path,
                                                         tmp_path: Path) -> None:
     policy = QueryEncoderPolicy(policy_config(tiny_index_dir, None), "lora", lora_rank=4,
                                 lora_alpha=8)
+    trained = policy.trainable_state()
+    assert trained and all("lora_" in name for name in trained)
     with torch.no_grad():  # a trained adapter: LoRA's B starts at zero
         for name, param in policy.model.named_parameters():
             if "lora_B" in name:
@@ -47,6 +49,21 @@ def test_lora_checkpoint_encoder_embeds_like_the_policy(tiny_index_dir: Path,
     vectors = DocumentVectors(tiny_index_dir)
     meta = IndexMeta.read(tiny_index_dir / "meta.json")
     assert (vectors.size, vectors.dim) == (meta.n_vectors, meta.dim)
+
+
+def test_full_checkpoint_encoder_embeds_like_the_policy(tiny_index_dir: Path,
+                                                        tmp_path: Path) -> None:
+    policy = QueryEncoderPolicy(policy_config(tiny_index_dir, None), "full")
+    assert len(policy.trainable_state()) == len(list(policy.model.parameters()))
+    with torch.no_grad():
+        for param in policy.model.encoder.layer[-1].parameters():
+            param.add_(0.02 * torch.randn_like(param))
+        want = policy.embed(QUERIES).numpy()
+    policy.save_encoder(tmp_path / "encoder")
+    assert (tmp_path / "encoder" / "modules.json").is_file()  # sentence-transformers files
+    config = policy_config(tiny_index_dir, str(tmp_path / "encoder")).with_overrides(
+        device="cpu")
+    np.testing.assert_allclose(Encoder(config).encode_queries(QUERIES), want, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
