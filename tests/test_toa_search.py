@@ -54,7 +54,11 @@ def test_best_of_n_spends_the_budget_round_robin_from_scratch() -> None:
     for result in results:
         assert [p.model for p in result.plays] == ["m1", "m2", "m1", "m2"]
         assert result.best.text == "m2" and result.best == result.plays[1], "earliest on ties"
-    assert win_summary(results) == {"wins": {"m2": 3}, "best_is_refinement": 0, "tasks": 3}
+    assert win_summary(results) == {"wins": {"m2": 3}, "best_is_refinement": 0, "all_tied": 0,
+                                    "tasks": 3}
+    flat = best_of_n(_tasks(2), ScriptedSampler(), lambda t, r: [0.0] * len(r),
+                     SearchConfig(samples_per_model=1, progress=False))
+    assert win_summary(flat)["all_tied"] == 2
 
 
 def test_toa_spends_the_same_budget_and_refines_the_parent_response() -> None:
@@ -116,3 +120,29 @@ def test_model_spec_parsing_names_the_bad_field() -> None:
         ModelSpec.parse("name=a,path=/m,template=t,variant=loud")
     with pytest.raises(ValueError, match="samples_per_model"):
         SearchConfig(samples_per_model=0).budget(2)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--model", "name=a,path=/m"], "template= is required"),
+        (["--model", "name=a,path=/m,template=llama3", "--retriever_url", "http://127.0.0.1:9"],
+         "127.0.0.1:9"),
+    ],
+)
+def test_cli_bad_input_writes_nothing(tmp_path, capsys, extra: list[str], message: str) -> None:
+    import json
+
+    from mmoa.cli import main as cli_main
+
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps(RECORD.to_dict()) + "\n")
+    foreign = {"other": {"file_name": "other.json"}}
+    (tmp_path / "dataset_info.json").write_text(json.dumps(foreign))
+    args = ["data", "toa", "--data_file", str(data), "--data_format", "demo",
+            "--dataset_dir", str(tmp_path), "--name", "t", *extra]
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "nothing was written" in err
+    assert json.loads((tmp_path / "dataset_info.json").read_text()) == foreign
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset_info.json", "train.jsonl"]

@@ -86,6 +86,10 @@ def run_toa_command(args: argparse.Namespace,
         records = records_loader(args)
         if not records:
             raise ValueError("no question to synthesise data for")
+        unanswered = [r.id for r in records if not r.answers]
+        if unanswered:
+            raise ValueError(f"{len(unanswered)} records have no gold answers (first: "
+                             f"{unanswered[0]!r}); the rewards score against them")
         client = RetrievalClient(args.retriever_url, token=args.retriever_token)
         client.health()
         search = SearchConfig(samples_per_model=args.samples_per_model, alpha=args.alpha,
@@ -132,7 +136,8 @@ def run_toa_command(args: argparse.Namespace,
         for agent, wins in quality.wins.items():
             print(f"  {agent:<9} winning model: "
                   + ", ".join(f"{m} {n}" for m, n in wins["wins"].items())
-                  + f"; best is a refinement {wins['best_is_refinement']} of {wins['tasks']}")
+                  + f"; best is a refinement {wins['best_is_refinement']} of {wins['tasks']}"
+                  f"; all responses tied {wins['all_tied']}")
     if args.baselines:
         qualities.insert(0, heuristic_quality(records, client, args.k, args.seed))
     summary["label_quality"] = [q.as_dict() for q in qualities]

@@ -143,7 +143,10 @@ def run_search(method: Method, tasks: Sequence[AgentTask], policy: ResponsePolic
 
 def win_summary(results: Sequence[SearchResult]) -> dict[str, object]:
     """Which model wrote the best response how often, and how often it was a refinement."""
-    wins = Counter(r.best.model for r in results if r.plays)
-    refined = sum(r.best.refines is not None for r in results if r.plays)
+    searched = [r for r in results if r.plays]
+    wins = Counter(r.best.model for r in searched)
+    refined = sum(r.best.refines is not None for r in searched)
+    # every response scored the same: the "winner" is only the first to play
+    tied = sum(r.best.reward == r.worst.reward for r in searched)
     return {"wins": dict(sorted(wins.items())), "best_is_refinement": refined,
-            "tasks": len(results)}
+            "all_tied": tied, "tasks": len(results)}
