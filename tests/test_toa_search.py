@@ -146,3 +146,13 @@ def test_cli_bad_input_writes_nothing(tmp_path, capsys, extra: list[str], messag
     assert message in err and "nothing was written" in err
     assert json.loads((tmp_path / "dataset_info.json").read_text()) == foreign
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dataset_info.json", "train.jsonl"]
+
+
+def test_answer_labels_read_back_as_written() -> None:
+    from mmoa.agents.parsers import parse_answer
+    from mmoa.synthesis.builder import answer_label
+
+    for raw in ("Republic44\x0bTherkpal", "Paris\nFrance", "**New  York**", "Answer: Oslo"):
+        label = answer_label(raw)
+        assert "\n" not in label and "\x0b" not in label
+        assert parse_answer(f"**{label}**").answer == label

@@ -94,7 +94,14 @@ def canonical_output(task: AgentTask, text: str) -> str:
         return format_subquestions(parse_subquestions(text, task.record.question).subquestions)
     if task.agent == "selector":
         return format_selection(sorted(parse_selection(text, len(task.candidates)).ids))
-    return format_answer(parse_answer(text).answer)
+    return format_answer(answer_label(text))
+
+
+def answer_label(text: str) -> str:
+    """The Generator's answer as a label: parsed, white space collapsed (an answer parsed from
+    unbolded text keeps its line breaks and control white space, which ``**...**`` must not
+    carry: the parser would read it back differently)."""
+    return " ".join(parse_answer(text).answer.split())
 
 
 def synthesise(
@@ -136,7 +143,7 @@ def synthesise(
                              f"{method} generator")
     out = []
     for i, record in enumerate(records):
-        answer = parse_answer(gen_results[i].best.text).answer
+        answer = answer_label(gen_results[i].best.text)
         out.append(QuestionSynthesis(
             record, subquestions[i], candidates[i], selected[i], answer or None,
             {"qr": qr_results[i], "selector": sel_results[i], "generator": gen_results[i]}))

@@ -122,6 +122,7 @@ def run_toa_command(args: argparse.Namespace,
         name = args.name if method == args.method else f"{args.name}_{method}"
         config = ToaBuildConfig(dataset_dir=args.dataset_dir, name=name, k=args.k,
                                 seed=args.seed, method=method, search=search)
+        policy.reseed(args.seed)
         items = synthesise(records, policy, rewards, client, config)
         written = write_datasets(items, args.dataset_dir, name)
         quality = label_quality(method, [i.record for i in items],

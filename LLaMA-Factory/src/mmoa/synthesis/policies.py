@@ -136,8 +136,6 @@ class LocalModelPolicy:
                                                                  init=False, repr=False)
 
     def __post_init__(self) -> None:
-        import torch
-
         from mmoa.modeling import load_for_inference
 
         names = [s.name for s in self.specs]
@@ -147,7 +145,7 @@ class LocalModelPolicy:
             raise ValueError(f"model names must be distinct, got {names}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        torch.manual_seed(self.seed)
+        self.reseed(self.seed)
         for spec in self.specs:
             if spec.weights_key not in self._loaded:
                 self._loaded[spec.weights_key] = _Loaded(*load_for_inference(
@@ -164,6 +162,14 @@ class LocalModelPolicy:
     def models(self) -> list[str]:
         return [s.name for s in self.specs]
 
+    def reseed(self, seed: int) -> None:
+        """Restart the sampling stream, so a dataset does not depend on what ran before it
+        (``--baselines`` builds two datasets with one policy)."""
+        import torch
+
+        self.seed = seed
+        torch.manual_seed(seed)
+
     def prompt_for(self, request: PlayRequest) -> AgentPrompt:
         """The prompt the model sees: its variant of the agent prompt, as a refinement when
         there is an earlier response."""
@@ -179,8 +185,8 @@ class LocalModelPolicy:
             groups[(request.model, request.prompt.agent)].append(i)
         out = [""] * len(requests)
         for (model, agent), rows in groups.items():
-            pipeline = self._pipelines[model]
             prompts = [self.prompt_for(requests[i]) for i in rows]
+            pipeline = self._pipelines[model]
             processor = None
             if agent == "selector":
                 processor = pipeline.selector_processor(
