@@ -126,6 +126,8 @@ def test_model_spec_parsing_names_the_bad_field() -> None:
     ("extra", "message"),
     [
         (["--model", "name=a,path=/m"], "template= is required"),
+        (["--model", "name=a,path=/m,template=llama3", "--width_limit", "0"],
+         "width_limit must be >= 1"),
         (["--model", "name=a,path=/m,template=llama3", "--retriever_url", "http://127.0.0.1:9"],
          "127.0.0.1:9"),
     ],

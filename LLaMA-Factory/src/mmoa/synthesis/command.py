@@ -83,6 +83,10 @@ def run_toa_command(args: argparse.Namespace,
     prefix = "mmoa-cli data toa: error:"
     try:
         specs = [ModelSpec.parse(text) for text in args.model]
+        search = SearchConfig(samples_per_model=args.samples_per_model, alpha=args.alpha,
+                              tau=args.tau, width_limit=args.width_limit, seed=args.seed,
+                              progress=not args.no_progress)
+        search.validate(len(specs))
         records = records_loader(args)
         if not records:
             raise ValueError("no question to synthesise data for")
@@ -92,10 +96,6 @@ def run_toa_command(args: argparse.Namespace,
                              f"{unanswered[0]!r}); the rewards score against them")
         client = RetrievalClient(args.retriever_url, token=args.retriever_token)
         client.health()
-        search = SearchConfig(samples_per_model=args.samples_per_model, alpha=args.alpha,
-                              tau=args.tau, width_limit=args.width_limit, seed=args.seed,
-                              progress=not args.no_progress)
-        search.budget(len(specs))
         max_new = {a: getattr(args, f"max_new_tokens_{a}") for a in MAX_NEW_TOKENS}
         policy = LocalModelPolicy(specs, batch_size=args.batch_size, max_new_tokens=max_new,
                                   seed=args.seed)

@@ -47,9 +47,15 @@ class SearchConfig:
         return self.samples_per_model * num_models
 
     def tree_config(self, num_models: int, task_index: int) -> TreeConfig:
-        width = self.width_limit or default_width_limit(self.samples_per_model, num_models)
+        width = self.width_limit if self.width_limit is not None \
+            else default_width_limit(self.samples_per_model, num_models)
         return TreeConfig(alpha=self.alpha, tau=self.tau, width_limit=width,
                           seed=self.seed + task_index)
+
+    def validate(self, num_models: int) -> None:
+        """Every field checked before any model is loaded (errors name the field)."""
+        self.budget(num_models)
+        self.tree_config(num_models, 0).validate()
 
 
 @dataclass(frozen=True)
