@@ -144,6 +144,12 @@ def _cmd_known_split(args: argparse.Namespace) -> int:
     return run_known_split(args)
 
 
+def _cmd_toa_data(args: argparse.Namespace) -> int:
+    from mmoa.synthesis.command import run_toa_command
+
+    return run_toa_command(args, _load_qa_from_args)
+
+
 def _cmd_mappo_data(args: argparse.Namespace) -> int:
     from mmoa.data.sft_builder import write_mappo_dataset
 
@@ -199,6 +205,8 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
             "  mmoa-cli data sft --data_file data/demo/train.jsonl --name demo_sft \\\n"
             "      --retriever_url http://127.0.0.1:8000\n"
             "  mmoa-cli data mappo --data_file data/demo/train.jsonl --name demo_mappo\n"
+            "  mmoa-cli data toa --data_file data/demo/train.jsonl --name demo_toa_sft \\\n"
+            "      --model name=smol,path=models/smollm2-135m-instruct,template=smollm2\n"
             "  mmoa-cli data search-sft --data_file data/demo/train.jsonl \\\n"
             "      --name demo_search_sft --retriever_url http://127.0.0.1:8000\n"
             "  mmoa-cli data known-split --model_name_or_path models/smollm2-135m-instruct \\\n"
@@ -316,6 +324,31 @@ def _add_data_commands(commands: argparse._SubParsersAction) -> None:
     decision.add_argument("--keep_unsupported", action="store_true",
                           help="keep trajectories whose documents miss a gold passage")
     decision.set_defaults(handler=_cmd_decision_sft_data)
+
+    from mmoa.synthesis.command import add_toa_arguments
+
+    toa = kinds.add_parser(
+        "toa",
+        help="synthesise the three agents' warm-start SFT and DPO data by tree search over "
+             "several local models (TOA; needs the retrieval server)",
+        description=(
+            "For every question, search the Query Rewriter, the Selector and the Generator in "
+            "pipeline order with TOA (UCB over which model writes or refines the next "
+            "response) or best-of-N at the same budget, score each response with the agent's "
+            "reward, and write the best responses as Alpaca SFT data (the format of 'data sft') "
+            "and best-vs-worst DPO pairs, registered in dataset_info.json; print and write the "
+            "label quality (docs/toa.md)."
+        ),
+        epilog=(
+            "example: mmoa-cli data toa --data_file data/demo/train.jsonl --name demo_toa_sft "
+            "--model name=smol,path=models/smollm2-135m-instruct,template=smollm2 "
+            "--model name=smol_careful,path=models/smollm2-135m-instruct,template=smollm2,"
+            "variant=careful --samples_per_model 4 --baselines"
+        ),
+    )
+    _add_qa_source_arguments(toa)
+    add_toa_arguments(toa)
+    toa.set_defaults(handler=_cmd_toa_data)
 
     from mmoa_demo.known_split import add_known_split_arguments
 

@@ -82,3 +82,14 @@ RETRIEVER_TOP_K = 3
 RETRIEVER_ALPHA = 0.05
 RETRIEVER_GROUP_SIZE = 8
 RETRIEVER_CLIPRANGE = CLIPRANGE
+
+# TOA data synthesis (tree search over several models; docs/toa.md): the UCB exploration weight
+# and the temperature of the reward squashing sigmoid(r / tau) (both TOA's values), the width
+# limit as a share of the budget (a layer holds samples x models / 3 responses before a model node
+# may stop expanding, as in TOA), the samples per model of the default budget, and the weight of
+# the gold-passage recall in the Selector's reward (added to the F1 of the frozen Generator).
+TOA_ALPHA = 0.01
+TOA_TAU = 0.1
+TOA_WIDTH_DIVISOR = 3
+TOA_SAMPLES_PER_MODEL = 4
+TOA_SELECTOR_SUPPORT_WEIGHT = 0.5

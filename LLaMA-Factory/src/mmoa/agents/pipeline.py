@@ -250,20 +250,25 @@ class RagPipeline:
 
     def _select(self, traces: list[Trace]) -> None:
         prompts = [selector_prompt(t.question, [c.text for c in t.candidates]) for t in traces]
-        processor_for = None
-        if self.settings.constrained_selector:
-            stop_ids = self.renderer.stop_token_ids
-            ks = {len(t.candidates) for t in traces}
-            k = max(ks) if ks else self.k
-
-            def processor_for(prompt_length: int) -> LogitsProcessor:
-                return SelectorLogitsProcessor(self.tokenizer, k, prompt_length, stop_ids)
-
-        calls = self.generate("selector", prompts, processor_for)
+        ks = {len(t.candidates) for t in traces}
+        calls = self.generate("selector", prompts,
+                              self.selector_processor(max(ks) if ks else self.k))
         for trace, call in zip(traces, calls, strict=True):
             trace.calls["selector"] = call
             trace.selection_parse = parse_selection(call.response_text, len(trace.candidates))
             trace.selected = trace.selection_parse.ids
+
+    def selector_processor(self, k: int) -> Any:
+        """The ``processor_for`` argument of :meth:`generate` for Selector prompts of at most
+        ``k`` candidates: the grammar mask when constrained decoding is on, else ``None``."""
+        if not self.settings.constrained_selector:
+            return None
+        stop_ids = self.renderer.stop_token_ids
+
+        def processor_for(prompt_length: int) -> LogitsProcessor:
+            return SelectorLogitsProcessor(self.tokenizer, k, prompt_length, stop_ids)
+
+        return processor_for
 
     def _generate_answers(
         self, traces: list[Trace], *, use_documents: bool, timings: BatchTimings

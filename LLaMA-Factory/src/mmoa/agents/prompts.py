@@ -118,6 +118,40 @@ def generator_prompt(question: str, documents: Sequence[str]) -> AgentPrompt:
     return AgentPrompt("generator", GENERATOR_SYSTEM, GENERATOR_INSTRUCTION_DOCS, body)
 
 
+#: Appended to an agent's instruction when a model refines an earlier response (TOA's
+#: refinement without feedback): the task stays the same, so the output format stays the same.
+REFINEMENT_INSTRUCTION = (
+    "A previous response to this task is shown at the end. Write a better response, in exactly "
+    "the same output format."
+)
+REFINEMENT_HEADER = "Previous response:"
+
+#: A prompt variant used as a model of its own during data synthesis: the same task with a
+#: different system prompt, so one checkpoint gives two differently behaving samplers.
+CAREFUL_SYSTEM_PREFIX = "Think carefully and be precise. "
+PROMPT_VARIANTS = ("plain", "careful")
+
+
+def refinement_prompt(prompt: AgentPrompt, previous: str) -> AgentPrompt:
+    """The prompt that asks for a better version of ``previous``: the agent's own prompt with
+    the refinement instruction and the earlier response appended, so the reply is parsed with
+    the same parser and scored with the same reward."""
+    return AgentPrompt(
+        prompt.agent, prompt.system, f"{prompt.instruction} {REFINEMENT_INSTRUCTION}",
+        f"{prompt.input}\n\n{REFINEMENT_HEADER}\n{previous.strip()}",
+    )
+
+
+def prompt_variant(prompt: AgentPrompt, variant: str) -> AgentPrompt:
+    """``prompt`` as seen by a sampler of that variant (``plain``: unchanged)."""
+    if variant == "plain":
+        return prompt
+    if variant == "careful":
+        return AgentPrompt(prompt.agent, CAREFUL_SYSTEM_PREFIX + prompt.system,
+                           prompt.instruction, prompt.input)
+    raise ValueError(f"unknown prompt variant {variant!r}; expected one of {PROMPT_VARIANTS}")
+
+
 def format_selection(ids: Sequence[int]) -> str:
     """The Selector's canonical output, e.g. ``Document0,Document3`` (empty for no document)."""
     return ",".join(f"Document{i}" for i in ids)

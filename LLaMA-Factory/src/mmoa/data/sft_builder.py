@@ -169,7 +169,7 @@ def qr_target(record: QARecord, rewrites: dict[str, list[str]]) -> tuple[list[st
     return [record.question], "question"
 
 
-def _retrieve_all(
+def retrieve_all(
     searcher: DocumentSearcher, queries: list[str], k: int, request_size: int
 ) -> dict[str, list[dict[str, Any]]]:
     from tqdm.auto import tqdm
@@ -181,6 +181,26 @@ def _retrieve_all(
         chunk = unique[offset: offset + request_size]
         ranked.update(zip(chunk, searcher.search_documents(chunk, k), strict=True))
     return ranked
+
+
+def agent_records(
+    question: str,
+    subquestions: Sequence[str],
+    candidates: Sequence[str],
+    positive_ids: Sequence[int],
+    answer: str | None,
+) -> list[dict[str, str]]:
+    """The Alpaca records of one question: QR, Selector, and (when ``answer`` is given) the
+    Generator on the positive documents renumbered from 0. One construction for every builder
+    (the heuristic one here, the TOA one in :mod:`mmoa.synthesis.builder`)."""
+    out = [
+        qr_prompt(question).alpaca(format_subquestions(subquestions)),
+        selector_prompt(question, candidates).alpaca(format_selection(positive_ids)),
+    ]
+    if answer is not None:
+        documents = [candidates[i] for i in positive_ids]
+        out.append(generator_prompt(question, documents).alpaca(format_answer(answer)))
+    return out
 
 
 def build_sft_records(
@@ -211,7 +231,7 @@ def build_sft_records(
         subquestions, source = qr_target(record, rewrites)
         report.qr_target_sources[source] += 1
         targets.append(subquestions)
-    ranked = _retrieve_all(searcher, [s for t in targets for s in t], config.k,
+    ranked = retrieve_all(searcher, [s for t in targets for s in t], config.k,
                            config.request_size)
 
     out: list[dict[str, str]] = []
@@ -238,11 +258,8 @@ def build_sft_records(
             gold_total += len(support.keys)
             report.supporting_matched_by[support.by] += 1
 
-        out.append(qr_prompt(record.question).alpaca(format_subquestions(subquestions)))
-        out.append(selector_prompt(record.question, texts).alpaca(format_selection(positive_ids)))
-        documents = [texts[i] for i in positive_ids]
-        out.append(generator_prompt(record.question, documents).alpaca(
-            format_answer(record.answers[0])))
+        out.extend(agent_records(record.question, subquestions, texts, positive_ids,
+                                 record.answers[0]))
         counts.update(("qr", "selector", "generator"))
 
     n = max(len(records), 1)
