@@ -174,3 +174,24 @@ def test_skip_leaves_out_the_zero_variance_groups(tiny_model_dir: Path,
         else:
             assert "loss" in entry
     assert any(entry["grpo/skipped_samples"] > 0 for entry in history)
+
+
+@pytest.mark.parametrize(("algorithm", "kl_loss_coef", "reference", "value_head"),
+                         [("grpo", 0.0, False, False), ("grpo", 0.1, True, False),
+                          ("ppo", 0.0, True, True)])
+def test_what_each_algorithm_loads(tiny_model_dir: Path, tiny_mappo_data_dir: Path,
+                                   tiny_server_url: str, tmp_path: Path, algorithm: str,
+                                   kl_loss_coef: float, reference: bool,
+                                   value_head: bool) -> None:
+    """Full fine-tuning: grpo without the KL loss loads no frozen reference copy (its memory is
+    saved, not just its pass), with it one; neither has a value head; ppo has both."""
+    from mmoa.train.mappo.workflow import build_mappo_trainer
+
+    config = tiny_mappo_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url,
+                               tmp_path / "run", mappo_algorithm=algorithm)
+    if algorithm == "grpo":
+        config.update(mappo_group_size=2, mappo_questions_per_rollout=2,
+                      mappo_kl_loss_coef=kl_loss_coef)
+    trainer, _, _ = build_mappo_trainer(config)
+    assert (trainer.model.reference_model is not None) is reference
+    assert (trainer.model.v_head is not None) is value_head
