@@ -101,3 +101,19 @@ def test_the_zero_shot_answerer_is_the_decision_prompt_closed_book(
     predictions = answer(["What is the capital of France?", "Who wrote Hamlet?",
                           "What is the largest planet in the solar system?"])
     assert len(predictions) == 3 and all(isinstance(p, str) for p in predictions)
+
+
+def test_the_command_defaults_are_the_configs_and_valid() -> None:
+    """`mmoa-cli data known-split` with only the required flags builds a valid config (its
+    default metric once named one that the validation refused)."""
+    import argparse
+
+    from mmoa_demo.known_split import KnownSplitConfig, add_known_split_arguments
+
+    parser = argparse.ArgumentParser()
+    add_known_split_arguments(parser)
+    args = parser.parse_args(["--model_name_or_path", "m"])
+    config = KnownSplitConfig(seed=args.seed, correct_metric=args.correct_metric,
+                              min_category_accuracy=args.min_category_accuracy)
+    config.validate()
+    assert config == KnownSplitConfig()

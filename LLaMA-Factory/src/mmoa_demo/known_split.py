@@ -200,11 +200,14 @@ def add_known_split_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world_dir", default="data/demo",
                         help="the demo world whose train/dev/test.jsonl join as group 'world'")
     parser.add_argument("--out", default="data/demo_decision", help="output folder")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--correct_metric", default="acc", choices=CORRECT_METRICS,
+    defaults = KnownSplitConfig()
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--correct_metric", default=defaults.correct_metric,
+                        choices=CORRECT_METRICS,
                         help="what counts as answered: contains (the gold answer's words "
                              "appear in order; default) or em")
-    parser.add_argument("--min_category_accuracy", type=float, default=0.5,
+    parser.add_argument("--min_category_accuracy", type=float,
+                        default=defaults.min_category_accuracy,
                         help="dev accuracy a category needs for its test questions to join the "
                              "test 'known' group (default 0.5)")
     parser.add_argument("--max_world", type=int,
