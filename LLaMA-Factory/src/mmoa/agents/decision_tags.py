@@ -45,10 +45,13 @@ ANSWER_TAG, SEARCH_TAG, DOCUMENTS_TAG = "[Answer]", "[Search]", "[Documents]"
 DECISION_SYSTEM = "You answer questions. You may search a knowledge source, but every search " \
     "has a cost."
 DECISION_INSTRUCTION = (
-    "Answer the question. If you know the answer, write [Answer] followed by the short answer, "
-    "for example [Answer] Paris. If you need facts, write [Search] followed by one short search "
-    "query, and the top documents will be given to you after [Documents]. Search only when you "
-    "do not know the answer. Write one action and nothing else."
+    # The example is a made-up fact: with "[Answer] Paris" SmolLM2 answered Paris to 16 of 17
+    # dev capital questions; with no example it mostly wrote nothing after the forced [Answer].
+    "Answer the question. If you know the answer, write [Answer] followed by only the short "
+    "answer, for example [Answer] Ada Brel to \"Who directed the film Nox?\". If you need "
+    "facts, write [Search] followed by "
+    "one short search query, and the top documents will be given to you after [Documents]. "
+    "Search only when you do not know the answer. Write one action and nothing else."
 )
 #: Appended to the observation of the last allowed search; the next turn is then started with
 #: :data:`FORCED_ANSWER_PREFIX`, so it can only be an answer.
