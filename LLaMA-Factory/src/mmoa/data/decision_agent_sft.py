@@ -34,7 +34,12 @@ from mmoa.agents.decision_tags import (
     format_documents,
 )
 from mmoa.data.records import QARecord
-from mmoa.data.search_agent_sft import _Passage, plan_searches, segment_conversations
+from mmoa.data.search_agent_sft import (
+    _Passage,
+    plan_searches,
+    retrieve_plans,
+    segment_conversations,
+)
 from mmoa.data.sft_builder import DocumentSearcher
 from mmoa.data.support import GoldSupport
 from mmoa.defaults import DECISION_MAX_SEARCHES, DECISION_TOP_K
@@ -109,14 +114,9 @@ def build_decision_trajectories(records: Sequence[QARecord], retriever: Document
             report.skipped[f"more than {config.max_searches} searches"] += 1
             continue
         plans.append((record, queries))
-    # one batched request per search position, over every record that searches in it
-    docs: dict[str, list[dict[str, Any]]] = {}
-    for position in range(max((len(q) for _, q in plans), default=0)):
-        wanted = list(dict.fromkeys(q[position] for _, q in plans
-                                    if position < len(q) and q[position] not in docs))
-        if wanted:
-            docs.update(zip(wanted, retriever.search_documents(wanted, config.top_k),
-                            strict=True))
+    # a decision search has one query: a plan of one-query turns
+    docs = retrieve_plans([[[q] for q in queries] for _, queries in plans], retriever,
+                          config.top_k)
     conversations = []
     for record, queries in plans:
         support = GoldSupport.of(record)

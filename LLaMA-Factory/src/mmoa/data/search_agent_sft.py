@@ -153,14 +153,7 @@ def build_trajectories(records: Sequence[QARecord], retriever: DocumentSearcher,
             report.skipped["no gold answer"] += 1
         else:
             plans.append((record, plan))
-    # one batched request per turn position, over every record that searches in it
-    docs: dict[str, list[dict[str, Any]]] = {}
-    for position in range(max((len(p) for _, p in plans), default=0)):
-        queries = list(dict.fromkeys(q for _, plan in plans if position < len(plan)
-                                     for q in plan[position] if q not in docs))
-        if queries:
-            docs.update(zip(queries, retriever.search_documents(queries, config.top_k),
-                            strict=True))
+    docs = retrieve_plans([plan for _, plan in plans], retriever, config.top_k)
     conversations = []
     for record, plan in plans:
         support = GoldSupport.of(record)
@@ -182,6 +175,20 @@ def build_trajectories(records: Sequence[QARecord], retriever: DocumentSearcher,
         report.trajectories += 1
         report.searches_per_trajectory[len(plan)] += 1
     return conversations, report
+
+
+def retrieve_plans(plans: Sequence[Sequence[Sequence[str]]], retriever: DocumentSearcher,
+                   top_k: int) -> dict[str, list[dict[str, Any]]]:
+    """The documents of every query of ``plans`` (a plan: its turns, a turn: its queries): one
+    batched request per turn position, over every plan that searches in it, each distinct
+    query once. Shared by the search agent's and the decision agent's builders."""
+    docs: dict[str, list[dict[str, Any]]] = {}
+    for position in range(max((len(plan) for plan in plans), default=0)):
+        queries = list(dict.fromkeys(q for plan in plans if position < len(plan)
+                                     for q in plan[position] if q not in docs))
+        if queries:
+            docs.update(zip(queries, retriever.search_documents(queries, top_k), strict=True))
+    return docs
 
 
 def segment_kind(messages: Sequence[dict[str, str]], search_tag: str = "<search>") -> str:
