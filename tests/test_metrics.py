@@ -523,3 +523,14 @@ def test_default_profile_is_the_original_behaviour() -> None:
     # example 1: all 1; example 2: Acc 1, EM 0, F1 0.5 -> means Acc 1, EM 0.5, F1 0.75
     assert (batch.acc, batch.em, batch.f1) == (1.0, 0.5, 0.75)
     assert accuracy("U.S.", "US", profile="squad") == 1.0
+
+
+def test_contains_answer_words_needs_whole_words_in_order() -> None:
+    from mmoa.metrics import contains_answer_words
+
+    assert contains_answer_words("The capital of Iran is Tehran.", ["Tehran"])
+    assert contains_answer_words("the Pacific Ocean", ["Atlantic", "Pacific Ocean"])
+    assert contains_answer_words("I do not know", "I")  # "i" stands as a whole word
+    assert not contains_answer_words("Iodine", ["I"])  # not inside a word
+    assert not contains_answer_words("Ocean Pacific", ["Pacific Ocean"])  # order counts
+    assert not contains_answer_words("anything", ["", "  "])  # empty aliases never match

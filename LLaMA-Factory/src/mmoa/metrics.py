@@ -75,6 +75,7 @@ __all__ = [
     "QAScores",
     "ScoringProfile",
     "accuracy",
+    "contains_answer_words",
     "exact_match",
     "extract_answer",
     "f1_score",
@@ -467,3 +468,16 @@ def mean_scores(
         recall=sum(s.recall for s in scores) / n,
         count=n,
     )
+
+
+def contains_answer_words(text: str, golds: str | Sequence[str],
+                          profile: str | ScoringProfile = DEFAULT_PROFILE) -> bool:
+    """Whether a gold alias's normalised words occur, whole and in order, in ``text``.
+
+    Stricter than Acc's substring test, which counts iodine's "i" inside "I do not know": the
+    check of the decision agent's known questions and of the TOA QR reward's fallback."""
+    normalizer = get_profile(profile).normalizer
+    padded = f" {normalize_answer(text, normalizer)} "
+    aliases = [golds] if isinstance(golds, str) else golds
+    return any(f" {gold} " in padded
+               for gold in (normalize_answer(a, normalizer) for a in aliases) if gold)

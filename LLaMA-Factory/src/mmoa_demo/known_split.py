@@ -36,7 +36,7 @@ from typing import Any
 
 from mmoa.data.records import QARecord
 from mmoa.fileio import atomic_dir, atomic_write_json, atomic_write_jsonl
-from mmoa.metrics import DEFAULT_PROFILE, get_profile, normalize_answer, score_answer
+from mmoa.metrics import DEFAULT_PROFILE, contains_answer_words, score_answer
 from mmoa_demo.general_knowledge import KnowledgeQuestion, general_knowledge_questions
 
 SPLITS = ("train", "dev", "test")
@@ -73,14 +73,7 @@ def answered(prediction: str, golds: Sequence[str], metric: str = "contains",
     """Whether a closed-book prediction counts as knowing the answer (see the module)."""
     if metric == "em":
         return bool(score_answer(prediction, list(golds), profile=scoring).em)
-    normalizer = get_profile(scoring).normalizer
-    words = normalize_answer(prediction, normalizer).split()
-    for gold in golds:
-        target = normalize_answer(gold, normalizer).split()
-        if target and any(words[i: i + len(target)] == target
-                          for i in range(len(words) - len(target) + 1)):
-            return True
-    return False
+    return contains_answer_words(prediction, list(golds), scoring)
 
 
 def split_pool(pool: Sequence[KnowledgeQuestion], config: KnownSplitConfig

@@ -31,7 +31,7 @@ from mmoa.agents.prompts import AgentName, AgentPrompt
 from mmoa.data.records import QARecord
 from mmoa.data.support import GoldSupport
 from mmoa.defaults import QR_MAX_SUBQUESTIONS, TOA_SELECTOR_SUPPORT_WEIGHT
-from mmoa.metrics import DEFAULT_PROFILE, get_profile, normalize_answer, score_answer
+from mmoa.metrics import DEFAULT_PROFILE, contains_answer_words, score_answer
 
 __all__ = [
     "AgentRewards",
@@ -133,10 +133,8 @@ class SelectorReward:
 def answer_in_candidates(answers: Sequence[str], candidates: Sequence[Candidate],
                          profile: str = DEFAULT_PROFILE) -> float:
     """1.0 when a normalised gold alias occurs in a normalised candidate text, else 0.0."""
-    normalizer = get_profile(profile).normalizer
-    golds = [g for g in (normalize_answer(a, normalizer) for a in answers) if g]
-    texts = [f" {normalize_answer(c.text, normalizer)} " for c in candidates]
-    return float(any(f" {g} " in t for g in golds for t in texts))
+    return float(any(contains_answer_words(c.text, list(answers), profile)
+                     for c in candidates))
 
 
 @dataclass
