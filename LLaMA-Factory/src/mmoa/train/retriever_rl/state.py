@@ -16,7 +16,8 @@ length, and what must never be cut is the question being asked now.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from mmoa.data.records import QARecord
 
@@ -44,3 +45,42 @@ def state_text(current: str, history: Sequence[tuple[str, str]]) -> str:
     if not history:
         return current
     return "\n".join([current, *(f"{query}: {seen}" for query, seen in history)])
+
+
+#: ``retrieve(states, round)``: one result per state, each a dict with the ranked
+#: ``"documents"`` (``{"id", "contents", ...}``) and whatever else the retrieval reports.
+Retrieve = Callable[[list[str], int], list[dict[str, Any]]]
+
+
+#: What a retrieval round leaves: (sample, state, result) per retrieval, in call order.
+Event = tuple[int, str, dict[str, Any]]
+
+
+def retrieval_rounds(queries: Sequence[Sequence[str]], history: bool, retrieve: Retrieve,
+                     keep: int | None = None
+                     ) -> tuple[list[dict[str, dict[str, Any]]], list[Event]]:
+    """Every sample's retrievals, round by round: round ``h`` of all samples that have an
+    ``h``-th sub-query in one ``retrieve`` call (one request), the state of each with or
+    without its history.
+
+    The first ``keep`` documents of a result (all when ``None``) are what the retrieval picked:
+    they enter the history's observation and the sample's documents. A greedy evaluation asks
+    for more (recall@5 from the same call) while keeping the rollout's top-k.
+
+    Returns per sample its picked documents (id -> document, first seen first, each once) and
+    the events ``(sample, state, result)`` in call order, which the trainer turns into the
+    Plackett-Luce terms of each round.
+    """
+    trace: list[list[tuple[str, str]]] = [[] for _ in queries]
+    documents: list[dict[str, dict[str, Any]]] = [{} for _ in queries]
+    events: list[Event] = []
+    for hop in range(max((len(q) for q in queries), default=0)):
+        active = [i for i, q in enumerate(queries) if hop < len(q)]
+        states = [state_text(queries[i][hop], trace[i] if history else []) for i in active]
+        for i, state, result in zip(active, states, retrieve(states, hop), strict=True):
+            picked = result["documents"][:keep]
+            events.append((i, state, result))
+            for doc in picked:
+                documents[i].setdefault(doc["id"], doc)
+            trace[i].append((queries[i][hop], observation([d["contents"] for d in picked])))
+    return documents, events

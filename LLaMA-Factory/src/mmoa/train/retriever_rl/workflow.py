@@ -45,10 +45,9 @@ class RetrieverRLTrainer:
     """Holds the frozen generator, the trainable query encoder, the optimizer and the log."""
 
     def __init__(self, args: RetrieverRLArguments) -> None:
-        from mmoa.agents.pipeline import GenerationSettings, RagPipeline
-        from mmoa.modeling import load_for_inference
         from mmoa.retrieval.client import RetrievalClient
         from mmoa.train.mappo.workflow import load_mappo_records
+        from mmoa.train.retriever_rl.evaluate import frozen_generator
         from mmoa.train.retriever_rl.policy import (
             DocumentVectors,
             QueryEncoderPolicy,
@@ -81,12 +80,9 @@ class RetrieverRLTrainer:
             device="cuda" if torch.cuda.is_available() else "cpu")
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(),
                                            lr=args.learning_rate, weight_decay=0.0)
-        model, tokenizer = load_for_inference(args.model_name_or_path, args.template)
-        settings = GenerationSettings(do_sample=False)
-        settings.max_new_tokens["generator"] = args.retriever_max_new_tokens
-        self.generator = RagPipeline(model, tokenizer, args.template, None, mode="g",
-                                     settings=settings,
-                                     batch_size=args.retriever_generator_batch_size)
+        self.generator = frozen_generator(args.model_name_or_path, args.template,
+                                          args.retriever_max_new_tokens,
+                                          args.retriever_generator_batch_size)
         self.step = 0
         self.log_history: list[dict[str, Any]] = []
         self.started = time.monotonic()
@@ -115,50 +111,37 @@ class RetrieverRLTrainer:
         """``G`` rollouts of each of the step's questions: the sampled retrievals (one per
         sub-query; all samples' ``h``-th retrievals in one request), the frozen generator's
         answers from all documents picked, the rewards."""
-        from mmoa.agents.parsers import parse_answer
-        from mmoa.agents.prompts import generator_prompt
         from mmoa.metrics import f1_score
+        from mmoa.train.retriever_rl.evaluate import answer_documents, support_recall
         from mmoa.train.retriever_rl.learner import RetrievalGroups
         from mmoa.train.retriever_rl.policy import pool_tensors
-        from mmoa.train.retriever_rl.state import observation, state_text, sub_queries
+        from mmoa.train.retriever_rl.state import retrieval_rounds, sub_queries
 
         args, g = self.args, self.args.retriever_group_size
         records = self.questions_of(step)
         subs = [sub_queries(r, args.retriever_queries) for r in records for _ in range(g)]
-        history: list[list[tuple[str, str]]] = [[] for _ in subs]
-        documents: list[dict[str, dict[str, Any]]] = [{} for _ in subs]  # id -> doc, in order
-        events: list[tuple[int, str, dict[str, Any]]] = []
-        started = time.perf_counter()
-        for hop in range(max(len(s) for s in subs)):
-            active = [i for i, s in enumerate(subs) if hop < len(s)]
-            states = [state_text(subs[i][hop], history[i] if args.retriever_history else [])
-                      for i in active]
-            sampled = self.client.retrieve_sampled(
+
+        def sample(states: list[str], hop: int) -> list[dict[str, Any]]:
+            results = self.client.retrieve_sampled(
                 states, args.retriever_top_k, pool_size=args.retriever_pool_size,
                 alpha=args.retriever_alpha, seed=self.step_seed(step, hop))
-            for i, state, result in zip(active, states, sampled, strict=True):
+            for state, result in zip(states, results, strict=True):
                 if len(result["picks"]) != args.retriever_top_k:
                     raise ValueError(f"the index returned fewer than retriever_top_k="
                                      f"{args.retriever_top_k} passages for {state!r}")
-                events.append((i, state, result))
-                for doc in result["documents"]:
-                    documents[i].setdefault(doc["id"], doc)
-                history[i].append((subs[i][hop], observation(
-                    [d["contents"] for d in result["documents"]])))
+            return results
+
+        started = time.perf_counter()
+        documents, events = retrieval_rounds(subs, args.retriever_history, sample)
         retrieve_s = time.perf_counter() - started
         started = time.perf_counter()
-        prompts = [generator_prompt(records[i // g].question,
-                                    [d["contents"] for d in documents[i].values()])
-                   for i in range(len(subs))]
-        calls = self.generator.generate("generator", prompts)
+        answers = answer_documents(
+            self.generator, [records[i // g].question for i in range(len(subs))],
+            [[d["contents"] for d in docs.values()] for docs in documents])
         generate_s = time.perf_counter() - started
-        f1s, recalls = [], []
-        for i, call in enumerate(calls):
-            record = records[i // g]
-            f1s.append(f1_score(parse_answer(call.response_text).answer, record.answers))
-            if record.supporting_ids:
-                gold = set(record.supporting_ids)
-                recalls.append(len(set(documents[i]) & gold) / len(gold))
+        f1s = [f1_score(answer, records[i // g].answers) for i, answer in enumerate(answers)]
+        recalls = [support_recall(documents[i], records[i // g].supporting_ids)
+                   for i in range(len(subs)) if records[i // g].supporting_ids]
         rewards = f1s if args.retriever_reward == "f1" else recalls
         events.sort(key=lambda event: event[0])  # stable: each sample's retrievals in order
         pool_vectors, valid = pool_tensors(self.vectors, [e[2]["pool_rows"] for e in events])

@@ -1,0 +1,122 @@
+"""Greedy evaluation of a query encoder: the rollout's retrieval rounds without sampling.
+
+What the ``retriever_rl`` stage trains is measured with the same states it trained on: one
+greedy retrieval per sub-query (``retriever_queries``), each state with or without its history
+(``retriever_history``), the history observing the top ``top_k`` passages as the rollout does.
+Per question: the recall of its gold passages (``supporting_ids``) among the top ``k`` of every
+round, for each ``k`` of ``recall_at`` (the top ``k`` of each round together, duplicates once),
+and, with a generator, the answer's EM and F1 when the frozen generator answers from the top
+``top_k`` of every round (the rollout's documents).
+
+The server embeds the queries with whichever encoder it serves: make it serve the one to be
+measured first (``RetrievalClient.reload_encoder``). For ``retriever_queries: question`` the
+recall@5 here equals ``mmoa-cli eval --mode rag --k 5``'s ``candidate_support_recall``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from mmoa.data.records import QARecord
+from mmoa.evaluation import standard_error
+
+#: The ``k`` of the recall reported by default (recall@k of the gold passages).
+RECALL_AT = (3, 5)
+
+
+def frozen_generator(model_name_or_path: str, template: str, max_new_tokens: int,
+                     batch_size: int) -> Any:
+    """The frozen answerer of the stage and of its evaluation: the plain RAG Generator,
+    greedy, so that its answer depends on the retrieved documents alone."""
+    from mmoa.agents.pipeline import GenerationSettings, RagPipeline
+    from mmoa.modeling import load_for_inference
+
+    model, tokenizer = load_for_inference(model_name_or_path, template)
+    settings = GenerationSettings(do_sample=False)
+    settings.max_new_tokens["generator"] = max_new_tokens
+    return RagPipeline(model, tokenizer, template, None, mode="g", settings=settings,
+                       batch_size=batch_size)
+
+
+def answer_documents(generator: Any, questions: Sequence[str],
+                     documents: Sequence[Sequence[str]]) -> list[str]:
+    """The generator's parsed answer to each question from its documents (the project's RAG
+    prompt), one batched pass."""
+    from mmoa.agents.parsers import parse_answer
+    from mmoa.agents.prompts import generator_prompt
+
+    prompts = [generator_prompt(q, list(d)) for q, d in zip(questions, documents, strict=True)]
+    return [parse_answer(call.response_text).answer
+            for call in generator.generate("generator", prompts)]
+
+
+def support_recall(document_ids: Sequence[str] | set[str], gold: Sequence[str]) -> float:
+    """Fraction of the gold passages among the documents."""
+    gold_set = set(gold)
+    return len(gold_set & set(document_ids)) / len(gold_set)
+
+
+def evaluate_encoder(records: Sequence[QARecord], client: Any, *, queries: str, history: bool,
+                     top_k: int, recall_at: Sequence[int] = RECALL_AT,
+                     generator: Any = None) -> dict[str, Any]:
+    """Recall@k of the gold passages and, with ``generator``, answer EM/F1 for ``records``.
+
+    Returns ``{"summary": {...}, "rows": [...]}``: a row per question (``id``, ``type``,
+    ``recall@k`` ..., and ``answer``, ``em``, ``f1`` with a generator), the summary the means
+    overall and by question type (with the F1's standard error).
+    """
+    from mmoa.metrics import exact_match, f1_score
+    from mmoa.train.retriever_rl.state import retrieval_rounds, sub_queries
+
+    if not records:
+        raise ValueError("no questions to evaluate")
+    unlabelled = [r.id for r in records if not r.supporting_ids]
+    if unlabelled:
+        raise ValueError(f"recall needs the gold passage ids (supporting_ids) of every "
+                         f"question; {len(unlabelled)} have none (e.g. {unlabelled[0]!r})")
+    depth = max(top_k, *recall_at)
+
+    def greedy(states: list[str], _hop: int) -> list[dict[str, Any]]:
+        return [{"documents": docs} for docs in client.retrieve(states, topk=depth)]
+
+    subs = [sub_queries(r, queries) for r in records]
+    documents, events = retrieval_rounds(subs, history, greedy, keep=top_k)
+    ranked: list[list[list[str]]] = [[] for _ in records]  # per question, per round: ids
+    for i, _state, result in events:
+        ranked[i].append([d["id"] for d in result["documents"]])
+    rows: list[dict[str, Any]] = []
+    for record, rounds in zip(records, ranked, strict=True):
+        row: dict[str, Any] = {"id": record.id, "type": record.type,
+                               "rounds": len(rounds)}
+        for k in recall_at:
+            row[f"recall@{k}"] = support_recall({d for r in rounds for d in r[:k]},
+                                                record.supporting_ids)
+        rows.append(row)
+    if generator is not None:
+        answers = answer_documents(generator, [r.question for r in records],
+                                   [[d["contents"] for d in docs.values()] for docs in documents])
+        for row, record, answer in zip(rows, records, answers, strict=True):
+            row.update(answer=answer, em=exact_match(answer, record.answers),
+                       f1=f1_score(answer, record.answers))
+    return {"summary": summarize(rows), "rows": rows}
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Means of every score column overall and by question type; ``f1_se`` beside ``f1``."""
+    columns = [c for c in rows[0] if c.startswith("recall@") or c in ("em", "f1")]
+
+    def means(group: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"n": len(group)}
+        for column in columns:
+            values = [float(r[column]) for r in group]
+            out[column] = sum(values) / len(values)
+            if column == "f1":
+                out["f1_se"] = standard_error(values)
+        return out
+
+    by_type: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_type[str(row["type"])].append(row)
+    return {**means(rows), "by_type": {t: means(g) for t, g in sorted(by_type.items())}}

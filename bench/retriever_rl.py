@@ -1,0 +1,222 @@
+"""HARR on the demo world: does RL of the query encoder beat the frozen one? Recall and F1.
+
+For each arm (the retrieval states the encoder is trained and measured on) the frozen encoder
+is measured first, then one ``retriever_rl`` run per seed from the demo config
+(``LLaMA-Factory/examples/demo/smollm2_retriever_rl.yaml``, reward = answer F1 of the frozen
+SmolLM2 warm start), each measured the same way:
+
+* ``plain``: one retrieval per reference sub-question, the sub-question alone as the state;
+* ``history``: the same rounds with HARR's history-aware state (earlier sub-queries and what
+  their retrievals observed; ``retriever_history: true``).
+
+The measurement (:func:`mmoa.train.retriever_rl.evaluate.evaluate_encoder`) is greedy with the
+states the arm trains on: dev and test recall@3 / recall@5 of the gold passages (top k of every
+round together), test answer EM/F1 with the frozen generator answering from the top 3 of every
+round. Gains are paired per question against the frozen encoder of the same arm, with their
+standard errors.
+
+Resumable: a finished run writes ``<work-dir>/<arm>-seed<N>/result.json`` and is skipped next
+time; an interrupted training continues from its last checkpoint. Needs the demo world, its
+index served (``bash run_server.sh --index data/demo/index &``), ``demo_mappo`` data and the
+warm start (``saves/smollm2-135m/full/sft``)::
+
+    python bench/retriever_rl.py --seeds 1 2 3 --json-out bench/results/retriever_rl_smollm2.json
+
+Prints one JSON object and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from learning_signal import ROOT, _code_version, _last_checkpoint, _train, paired_gain
+
+from mmoa.fileio import atomic_write_json
+
+CONFIG = "LLaMA-Factory/examples/demo/smollm2_retriever_rl.yaml"
+ARMS = {"plain": False, "history": True}
+RESULT = "result.json"
+
+
+def measure(args: argparse.Namespace, client: Any, generator: Any, encoder: Path | None,
+            history: bool) -> dict[str, Any]:
+    """Dev recall and test recall + F1 with the server serving ``encoder`` (None: the
+    index's own), per question and summarised; the server gets its own encoder back."""
+    from mmoa.data.loaders import load_qa
+    from mmoa.train.retriever_rl.evaluate import evaluate_encoder
+
+    client.reload_encoder(str(encoder.resolve()) if encoder else None)
+    try:
+        out = {}
+        for split, path, gen in (("dev", args.dev_file, None), ("test", args.test_file, generator)):
+            result = evaluate_encoder(load_qa(path), client, queries="decomposition",
+                                      history=history, top_k=args.top_k, generator=gen)
+            out[split] = {"summary": result["summary"],
+                          "rows": {r["id"]: {k: v for k, v in r.items() if k != "id"}
+                                   for r in result["rows"]}}
+        return out
+    finally:
+        client.reload_encoder(None)
+
+
+def train(args: argparse.Namespace, run_dir: Path, seed: int, history: bool) -> Path:
+    """One ``retriever_rl`` run (resumed from its last checkpoint); returns its encoder."""
+    output = run_dir / "train"
+    overrides = [f"output_dir={output}", f"seed={seed}", f"max_steps={args.steps}",
+                 f"learning_rate={args.lr}", f"save_steps={args.save_steps}",
+                 f"model_name_or_path={args.model}", f"retriever_url={args.retriever_url}",
+                 f"retriever_top_k={args.top_k}", "retriever_queries=decomposition",
+                 f"retriever_history={str(history).lower()}",
+                 f"retriever_max_new_tokens={args.max_new_tokens}", *args.overrides]
+    checkpoint = _last_checkpoint(output)
+    if checkpoint is not None and not (output / "encoder").is_dir():
+        overrides.append(f"resume_from_checkpoint={checkpoint}")
+    if not (output / "encoder").is_dir():
+        _train(CONFIG, overrides, run_dir / "train.log")
+    return output / "encoder"
+
+
+def training_figures(output: Path) -> dict[str, float]:
+    """Mean time per step, and rollout F1 / recall of the first and last five steps."""
+    rows = [json.loads(line) for line in (output / "trainer_log.jsonl").read_text().splitlines()
+            if line.strip()]
+    out = {"steps": len(rows), "time_per_step": statistics.fmean(r["time/step"] for r in rows)}
+    for key in ("answer_f1", "recall"):
+        out[f"{key}_first5"] = statistics.fmean(r[key] for r in rows[:5])
+        out[f"{key}_last5"] = statistics.fmean(r[key] for r in rows[-5:])
+    return out
+
+
+def gains(frozen: dict[str, Any], trained: dict[str, Any]) -> dict[str, Any]:
+    """Paired gains of ``trained`` over ``frozen``: dev/test recall@5, test F1."""
+    def column(result: dict[str, Any], split: str, key: str) -> dict[str, float]:
+        return {q: float(r[key]) for q, r in result[split]["rows"].items()}
+
+    return {"dev_recall@5": paired_gain(column(frozen, "dev", "recall@5"),
+                                        column(trained, "dev", "recall@5")),
+            "test_recall@5": paired_gain(column(frozen, "test", "recall@5"),
+                                         column(trained, "test", "recall@5")),
+            "test_f1": paired_gain(column(frozen, "test", "f1"), column(trained, "test", "f1"))}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from mmoa.retrieval.client import RetrievalClient
+    from mmoa.train.retriever_rl.evaluate import frozen_generator
+
+    work = ROOT / args.work_dir
+    client = RetrievalClient(args.retriever_url, timeout=120)
+    client.wait_until_ready(timeout=60)
+    generator = frozen_generator(args.model, "smollm2", args.max_new_tokens, 16)
+    result: dict[str, Any] = {"config": {**{k: v for k, v in vars(args).items()},
+                                         "config_file": CONFIG, "code": _code_version()},
+                              "arms": {}}
+    for arm in args.arms:
+        history = ARMS[arm]
+        frozen_dir = work / f"{arm}-frozen"
+        frozen = _load(frozen_dir)
+        if frozen is None:
+            started = time.perf_counter()
+            frozen = {"measure": measure(args, client, generator, None, history)}
+            _save(frozen_dir, frozen, started)
+            print(f"[{arm}] frozen: {_line(frozen['measure'])}", flush=True)
+        runs = {}
+        for seed in args.seeds:
+            run_dir = work / f"{arm}-seed{seed}"
+            done = _load(run_dir)
+            if done is None:
+                started = time.perf_counter()
+                encoder = train(args, run_dir, seed, history)
+                done = {"seed": seed, "training": training_figures(encoder.parent),
+                        "measure": measure(args, client, generator, encoder, history)}
+                done["gains"] = gains(frozen["measure"], done["measure"])
+                _save(run_dir, done, started)
+                print(f"[{arm}] seed {seed}: {_line(done['measure'])}", flush=True)
+            runs[seed] = done
+        result["arms"][arm] = {"frozen": frozen, "runs": runs}
+        if args.json_out:
+            atomic_write_json(ROOT / args.json_out, _public(result))
+    return _public(result)
+
+
+def _load(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / RESULT
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _save(run_dir: Path, result: dict[str, Any], started: float) -> None:
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    atomic_write_json(run_dir / RESULT, result)
+
+
+def _line(measured: dict[str, Any]) -> str:
+    dev, test = measured["dev"]["summary"], measured["test"]["summary"]
+    return (f"dev R@5 {100 * dev['recall@5']:.1f}  test R@5 {100 * test['recall@5']:.1f}  "
+            f"test F1 {100 * test['f1']:.1f}")
+
+
+def _public(result: dict[str, Any]) -> dict[str, Any]:
+    """The JSON written out: summaries and gains, the per-question rows left in work-dir."""
+    def strip(measured: dict[str, Any]) -> dict[str, Any]:
+        return {split: m["summary"] for split, m in measured.items()}
+
+    arms = {}
+    for arm, data in result["arms"].items():
+        runs = {str(seed): {k: (strip(v) if k == "measure" else v) for k, v in r.items()}
+                for seed, r in data["runs"].items()}
+        beats = sum(r["gains"]["test_f1"]["gain"] > 0 and r["gains"]["test_recall@5"]["gain"] > 0
+                    and r["gains"]["dev_recall@5"]["gain"] > 0 for r in data["runs"].values())
+        arms[arm] = {"frozen": strip(data["frozen"]["measure"]), "runs": runs,
+                     "seeds_above_frozen": f"{beats} of {len(runs)}"}
+    return {"config": result["config"], "arms": arms}
+
+
+def format_table(result: dict[str, Any]) -> str:
+    lines = ["| arm | encoder | dev R@5 | test R@5 | test F1 | gain R@5 dev / test | gain F1 "
+             "| s/step |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for arm, data in result["arms"].items():
+        f = data["frozen"]
+        lines.append(f"| {arm} | frozen | {100 * f['dev']['recall@5']:.1f} | "
+                     f"{100 * f['test']['recall@5']:.1f} | {100 * f['test']['f1']:.1f} | | | |")
+        for seed, r in data["runs"].items():
+            m, g = r["measure"], r["gains"]
+            lines.append(
+                f"| {arm} | seed {seed} | {100 * m['dev']['recall@5']:.1f} | "
+                f"{100 * m['test']['recall@5']:.1f} | {100 * m['test']['f1']:.1f} | "
+                f"{100 * g['dev_recall@5']['gain']:+.1f} / {100 * g['test_recall@5']['gain']:+.1f}"
+                f" | {100 * g['test_f1']['gain']:+.1f} +- {100 * g['test_f1']['gain_se']:.1f} | "
+                f"{r['training']['time_per_step']:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="saves/smollm2-135m/full/sft",
+                        help="the frozen generator (the SmolLM2 warm start)")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--save-steps", dest="save_steps", type=int, default=10)
+    parser.add_argument("--top-k", dest="top_k", type=int, default=3,
+                        help="passages per round (the config's retriever_top_k)")
+    parser.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=16,
+                        help="the generator's answer length (the demo MAPPO config's)")
+    parser.add_argument("--retriever-url", dest="retriever_url", default="http://127.0.0.1:8000")
+    parser.add_argument("--dev-file", dest="dev_file", default="data/demo/dev.jsonl")
+    parser.add_argument("--test-file", dest="test_file", default="data/demo/test.jsonl")
+    parser.add_argument("--work-dir", dest="work_dir", default="saves/bench/retriever_rl_runs")
+    parser.add_argument("--json-out", dest="json_out")
+    parser.add_argument("overrides", nargs="*", help="extra key=value for the training config")
+    args = parser.parse_args()
+    result = run(args)
+    print(json.dumps(result, indent=2))
+    print(format_table(result))
+
+
+if __name__ == "__main__":
+    main()
