@@ -151,6 +151,17 @@ def test_gold_support_prefers_ids_then_titles() -> None:
     assert GoldSupport.of(QARecord("4", "q", ["a"], supporting_titles=['""'])) is None
 
 
+def test_gold_support_f1_of_a_selection() -> None:
+    def cand(pid: str) -> Candidate:
+        return Candidate({"id": pid, "contents": f"{pid}\ntext"}, 0, 0)
+
+    gold = GoldSupport("id", frozenset({"p1", "p2"}))
+    # P 1/4, R 1/2 -> 2 * 1/8 / (3/4) = 1/3
+    assert gold.f1([cand("p1"), cand("x"), cand("y"), cand("z")]) == pytest.approx(1 / 3)
+    assert gold.f1([cand("p1"), cand("p2")]) == 1.0
+    assert gold.f1([cand("x")]) == 0.0 and gold.f1([]) == 0.0
+
+
 # ---------------------------------------------------------------------------------------------
 # Gold-passage recall and precision on a FlashRAG corpus
 # ---------------------------------------------------------------------------------------------

@@ -59,19 +59,21 @@ def test_generator_reward_is_the_f1_of_the_parsed_answer() -> None:
         reward([AgentTask("qr", RECORD, qr_prompt(RECORD.question))], ["x"])
 
 
-def test_selector_reward_is_frozen_generator_f1_plus_weighted_gold_recall() -> None:
+def test_selector_reward_is_frozen_generator_f1_plus_weighted_gold_selection_f1() -> None:
     answerer = LastWordAnswerer()
     reward = SelectorReward(answerer, support_weight=0.5)
     task = AgentTask("selector", RECORD,
                      selector_prompt(RECORD.question, [c.text for c in CANDIDATES]), CANDIDATES)
-    values = reward([task] * 5, ["Document0,Document2", "Document1", "", "Document2",
-                                 "Document0,Document2"])
-    # [0, 2]: answer "Tronford." (F1 1) + 0.5 x recall {p1} of {p1, p3} = 1.25
-    # [1]:    answer "Orvale."   (F1 0) + 0.5 x 1/2                     = 0.25
-    # []:     no document, answer ""                                    = 0
-    # [2]:    answer "Tronford." (F1 1) + 0.5 x 0 (p2 is not gold)      = 1.0
-    assert values == pytest.approx([1.25, 0.25, 0.0, 1.0, 1.25], abs=1e-12)
-    assert answerer.asked == 4, "a repeated selection is answered once"
+    values = reward([task] * 6, ["Document0,Document2", "Document1", "", "Document2",
+                                 "Document0,Document2", "Document0,Document1,Document2"])
+    # gold {p1, p3}; selection F1 = 2PR / (P + R)
+    # [0, 2]:    "Tronford." (F1 1) + 0.5 x F1(P 1/2, R 1/2) = 1 + 0.25   = 1.25
+    # [1]:       "Orvale."   (F1 0) + 0.5 x F1(P 1, R 1/2)   = 0.5 x 2/3  = 1/3
+    # []:        no document, answer ""                                   = 0
+    # [2]:       "Tronford." (F1 1) + 0.5 x 0 (p2 is not gold)            = 1.0
+    # [0, 1, 2]: "Tronford." (F1 1) + 0.5 x F1(P 2/3, R 1) = 1 + 0.5 x 0.8 = 1.4
+    assert values == pytest.approx([1.25, 1 / 3, 0.0, 1.0, 1.25, 1.4], abs=1e-12)
+    assert answerer.asked == 5, "a repeated selection is answered once"
     no_gold = QARecord("q2", RECORD.question, ["Tronford"])
     plain = AgentTask("selector", no_gold, task.prompt, CANDIDATES)
     assert SelectorReward(LastWordAnswerer())([plain], ["Document0,Document1"]) == [1.0]

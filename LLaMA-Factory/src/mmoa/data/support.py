@@ -100,3 +100,11 @@ class GoldSupport:
         if not passages:
             return None
         return sum(self.matches(p) for p in passages) / len(passages)
+
+    def f1(self, passages: Sequence[PassageLike]) -> float:
+        """Harmonic mean of :meth:`precision` and :meth:`recall` (0 for no passages): a
+        selection scores high only by holding the gold passages and little else."""
+        precision, recall = self.precision(passages), self.recall(passages)
+        if not precision or not recall:
+            return 0.0
+        return 2 * precision * recall / (precision + recall)

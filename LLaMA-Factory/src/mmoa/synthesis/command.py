@@ -50,7 +50,8 @@ def add_toa_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--answerer", help="the model (a --model name) whose greedy Generator "
                         "scores the Selector's choices (default: the first model)")
     parser.add_argument("--support_weight", type=float, default=TOA_SELECTOR_SUPPORT_WEIGHT,
-                        help="weight of gold-passage recall in the Selector's reward (default "
+                        help="weight of the selection's F1 against the gold passages in the "
+                             "Selector's reward (default "
                              f"{TOA_SELECTOR_SUPPORT_WEIGHT}; 0: F1 only)")
     parser.add_argument("--k", type=int, default=10, help="candidates per question (default 10)")
     parser.add_argument("--seed", type=int, default=42,

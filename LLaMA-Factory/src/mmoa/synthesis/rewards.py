@@ -11,8 +11,10 @@ The defaults use what the world knows:
 * **Generator**: token F1 of the parsed answer against the gold aliases (:mod:`mmoa.metrics`,
   the same function MAPPO is rewarded and evaluated with).
 * **Selector**: the F1 that a frozen Generator (:class:`Answerer`) reaches from the selected
-  documents, plus ``support_weight`` x the recall of the gold supporting passages among them when
-  the record names its gold passages (:class:`mmoa.data.support.GoldSupport`).
+  documents, plus ``support_weight`` x the F1 of the selection against the gold supporting
+  passages when the record names them (:class:`mmoa.data.support.GoldSupport`). F1, not
+  recall: a recall bonus pays for selecting every candidate and never for leaving one out (a
+  smoke run on SmolLM2 selected 9.5 of 10 candidates, precision 10.5 %).
 * **Query Rewriter**: the recall of the gold supporting passages among the K candidates its
   sub-questions retrieve (merged as the pipeline merges them). A record without gold passages
   scores 1 when a gold answer appears in a candidate, else 0: the closest thing the record knows.
@@ -91,7 +93,7 @@ class GeneratorF1Reward:
 @dataclass
 class SelectorReward:
     """F1 of the frozen Generator's answer from the selected documents, plus ``support_weight``
-    x gold-passage recall where the record knows its gold passages.
+    x the selection's F1 against the gold passages where the record knows them.
 
     Answers are cached per (record, selection): the answerer is greedy, so the same selection
     always gets the same answer, and a search proposes the same selection many times.
@@ -124,8 +126,7 @@ class SelectorReward:
             value = score_answer(self._cache[key], task.record.answers, profile=self.profile).f1
             support = GoldSupport.of(task.record)
             if support is not None and self.support_weight:
-                value += self.support_weight * support.recall(
-                    [task.candidates[i] for i in key[2]])
+                value += self.support_weight * support.f1([task.candidates[i] for i in key[2]])
             out.append(value)
         return out
 
