@@ -2,8 +2,9 @@
 
 For each arm (the retrieval states the encoder is trained and measured on) the frozen encoder
 is measured first, then one ``retriever_rl`` run per seed from the demo config
-(``LLaMA-Factory/examples/demo/smollm2_retriever_rl.yaml``, reward = answer F1 of the frozen
-SmolLM2 warm start), each measured the same way:
+(``LLaMA-Factory/examples/demo/smollm2_retriever_rl.yaml``; ``--reward recall``, the default
+here: the recall of the gold passages among the picks, which the demo world knows; ``--reward
+f1``: HARR's answer F1 of the frozen SmolLM2 warm start), each measured the same way:
 
 * ``plain``: one retrieval per reference sub-question, the sub-question alone as the state;
 * ``history``: the same rounds with HARR's history-aware state (earlier sub-queries and what
@@ -15,10 +16,10 @@ round together), test answer EM/F1 with the frozen generator answering from the 
 round. Gains are paired per question against the frozen encoder of the same arm, with their
 standard errors.
 
-Resumable: a finished run writes ``<work-dir>/<arm>-seed<N>/result.json`` and is skipped next
-time; an interrupted training continues from its last checkpoint. Needs the demo world, its
-index served (``bash run_server.sh --index data/demo/index &``), ``demo_mappo`` data and the
-warm start (``saves/smollm2-135m/full/sft``)::
+Resumable: a finished run writes ``<work-dir>/<arm>-<reward>-seed<N>/result.json`` and is
+skipped next time; an interrupted training continues from its last checkpoint. Needs the demo
+world, its index served (``bash run_server.sh --index data/demo/index &``), ``demo_mappo``
+data and the warm start (``saves/smollm2-135m/full/sft``)::
 
     python bench/retriever_rl.py --seeds 1 2 3 --json-out bench/results/retriever_rl_smollm2.json
 
@@ -72,7 +73,10 @@ def train(args: argparse.Namespace, run_dir: Path, seed: int, history: bool) -> 
                  f"model_name_or_path={args.model}", f"retriever_url={args.retriever_url}",
                  f"retriever_top_k={args.top_k}", "retriever_queries=decomposition",
                  f"retriever_history={str(history).lower()}",
-                 f"retriever_max_new_tokens={args.max_new_tokens}", *args.overrides]
+                 f"retriever_max_new_tokens={args.max_new_tokens}",
+                 f"retriever_reward={args.reward}",
+                 # a recall reward needs no answers: skip the generator in training
+                 f"retriever_log_answer_f1={str(args.reward == 'f1').lower()}", *args.overrides]
     checkpoint = _last_checkpoint(output)
     if checkpoint is not None and not (output / "encoder").is_dir():
         overrides.append(f"resume_from_checkpoint={checkpoint}")
@@ -86,7 +90,7 @@ def training_figures(output: Path) -> dict[str, float]:
     rows = [json.loads(line) for line in (output / "trainer_log.jsonl").read_text().splitlines()
             if line.strip()]
     out = {"steps": len(rows), "time_per_step": statistics.fmean(r["time/step"] for r in rows)}
-    for key in ("answer_f1", "recall"):
+    for key in [k for k in ("answer_f1", "recall") if k in rows[0]]:
         out[f"{key}_first5"] = statistics.fmean(r[key] for r in rows[:5])
         out[f"{key}_last5"] = statistics.fmean(r[key] for r in rows[-5:])
     return out
@@ -115,31 +119,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"config": {**{k: v for k, v in vars(args).items()},
                                          "config_file": CONFIG, "code": _code_version()},
                               "arms": {}}
-    for arm in args.arms:
-        history = ARMS[arm]
+    frozen: dict[str, Any] = {}
+    for arm in args.arms:  # every arm's frozen encoder first, then the seeds arm by arm
         frozen_dir = work / f"{arm}-frozen"
-        frozen = _load(frozen_dir)
-        if frozen is None:
+        frozen[arm] = _load(frozen_dir)
+        if frozen[arm] is None:
             started = time.perf_counter()
-            frozen = {"measure": measure(args, client, generator, None, history)}
-            _save(frozen_dir, frozen, started)
-            print(f"[{arm}] frozen: {_line(frozen['measure'])}", flush=True)
-        runs = {}
-        for seed in args.seeds:
-            run_dir = work / f"{arm}-seed{seed}"
+            frozen[arm] = {"measure": measure(args, client, generator, None, ARMS[arm])}
+            _save(frozen_dir, frozen[arm], started)
+        print(f"[{arm}] frozen: {_line(frozen[arm]['measure'])}", flush=True)
+        result["arms"][arm] = {"frozen": frozen[arm], "runs": {}}
+    for seed in args.seeds:
+        for arm in args.arms:
+            run_dir = work / f"{arm}-{args.reward}-seed{seed}"
             done = _load(run_dir)
             if done is None:
                 started = time.perf_counter()
-                encoder = train(args, run_dir, seed, history)
+                encoder = train(args, run_dir, seed, ARMS[arm])
                 done = {"seed": seed, "training": training_figures(encoder.parent),
-                        "measure": measure(args, client, generator, encoder, history)}
-                done["gains"] = gains(frozen["measure"], done["measure"])
+                        "measure": measure(args, client, generator, encoder, ARMS[arm])}
+                done["gains"] = gains(frozen[arm]["measure"], done["measure"])
                 _save(run_dir, done, started)
-                print(f"[{arm}] seed {seed}: {_line(done['measure'])}", flush=True)
-            runs[seed] = done
-        result["arms"][arm] = {"frozen": frozen, "runs": runs}
-        if args.json_out:
-            atomic_write_json(ROOT / args.json_out, _public(result))
+            print(f"[{arm}] seed {seed}: {_line(done['measure'])}", flush=True)
+            result["arms"][arm]["runs"][seed] = done
+            if args.json_out:
+                atomic_write_json(ROOT / args.json_out, _public(result))
     return _public(result)
 
 
@@ -199,7 +203,10 @@ def main() -> None:
                         help="the frozen generator (the SmolLM2 warm start)")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--reward", choices=["recall", "f1"], default="recall",
+                        help="the training reward: gold-passage recall of the picks (the demo "
+                             "world knows them; no generator in training) or answer F1 (HARR)")
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--save-steps", dest="save_steps", type=int, default=10)
     parser.add_argument("--top-k", dest="top_k", type=int, default=3,

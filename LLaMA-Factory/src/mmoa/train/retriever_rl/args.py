@@ -87,6 +87,9 @@ class RetrieverRLArguments:
     # --- the frozen generator side ---
     retriever_generator: str = "rag"
     retriever_reward: str = "f1"
+    #: With ``retriever_reward: recall`` the generator is not needed for the reward; ``false``
+    #: skips it (no ``answer_f1`` in the log, ~4x faster steps on a CPU with SmolLM2).
+    retriever_log_answer_f1: bool = True
     #: ``question``: one retrieval per question; ``decomposition``: one per reference
     #: sub-question, in order (see :mod:`.state`).
     retriever_queries: str = "question"

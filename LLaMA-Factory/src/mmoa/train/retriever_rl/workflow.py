@@ -80,12 +80,18 @@ class RetrieverRLTrainer:
             device="cuda" if torch.cuda.is_available() else "cpu")
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(),
                                            lr=args.learning_rate, weight_decay=0.0)
-        self.generator = frozen_generator(args.model_name_or_path, args.template,
-                                          args.retriever_max_new_tokens,
-                                          args.retriever_generator_batch_size)
+        self.generator = (frozen_generator(args.model_name_or_path, args.template,
+                                           args.retriever_max_new_tokens,
+                                           args.retriever_generator_batch_size)
+                          if self.answers_needed else None)
         self.step = 0
         self.log_history: list[dict[str, Any]] = []
         self.started = time.monotonic()
+
+    @property
+    def answers_needed(self) -> bool:
+        """Whether the generator answers: for the F1 reward, or to log the answers' F1."""
+        return self.args.retriever_reward == "f1" or self.args.retriever_log_answer_f1
 
     # ------------------------------------------------------------------------- rollouts
 
@@ -135,11 +141,13 @@ class RetrieverRLTrainer:
         documents, events = retrieval_rounds(subs, args.retriever_history, sample)
         retrieve_s = time.perf_counter() - started
         started = time.perf_counter()
-        answers = answer_documents(
-            self.generator, [records[i // g].question for i in range(len(subs))],
-            [[d["contents"] for d in docs.values()] for docs in documents])
+        f1s: list[float] = []
+        if self.generator is not None:
+            answers = answer_documents(
+                self.generator, [records[i // g].question for i in range(len(subs))],
+                [[d["contents"] for d in docs.values()] for docs in documents])
+            f1s = [f1_score(answer, records[i // g].answers) for i, answer in enumerate(answers)]
         generate_s = time.perf_counter() - started
-        f1s = [f1_score(answer, records[i // g].answers) for i, answer in enumerate(answers)]
         recalls = [support_recall(documents[i], records[i // g].supporting_ids)
                    for i in range(len(subs)) if records[i // g].supporting_ids]
         rewards = f1s if args.retriever_reward == "f1" else recalls
@@ -152,9 +160,10 @@ class RetrieverRLTrainer:
             old_logprobs=torch.tensor([e[2]["logprob"] for e in events], dtype=torch.float64),
             rewards=torch.tensor(rewards, dtype=torch.float64).reshape(len(records), g),
             sample_of=torch.tensor([e[0] for e in events], dtype=torch.long))
-        stats = {"answer_f1": float(sum(f1s) / len(f1s)),
-                 "retrievals_per_sample": len(events) / len(subs),
+        stats = {"retrievals_per_sample": len(events) / len(subs),
                  "time/retrieve": retrieve_s, "time/generate": generate_s}
+        if f1s:
+            stats["answer_f1"] = float(sum(f1s) / len(f1s))
         if recalls:
             stats["recall"] = float(sum(recalls) / len(recalls))
         return groups, stats
