@@ -75,6 +75,7 @@ def test_greedy_evaluation_matches_the_servers_rankings(tiny_server_url: str,
                                   record.supporting_ids)
             assert row[f"recall@{k}"] == want
         assert row["rounds"] == len(record.decomposition)
+        assert row["documents"] == list(dict.fromkeys(d["id"] for r in ranked for d in r[:2]))
     single = evaluate_encoder(records, client, queries="question", history=False, top_k=2)
     ranked = client.retrieve([r.question for r in records], topk=5)
     assert [row["recall@5"] for row in single["rows"]] == [

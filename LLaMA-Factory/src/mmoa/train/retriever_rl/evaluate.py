@@ -64,8 +64,9 @@ def evaluate_encoder(records: Sequence[QARecord], client: Any, *, queries: str, 
     """Recall@k of the gold passages and, with ``generator``, answer EM/F1 for ``records``.
 
     Returns ``{"summary": {...}, "rows": [...]}``: a row per question (``id``, ``type``,
-    ``recall@k`` ..., and ``answer``, ``em``, ``f1`` with a generator), the summary the means
-    overall and by question type (with the F1's standard error).
+    ``recall@k`` ..., ``documents`` the ids the generator is given, and ``answer``, ``em``,
+    ``f1`` with a generator), the summary the means overall and by question type (with the
+    F1's standard error).
     """
     from mmoa.metrics import exact_match, f1_score
     from mmoa.train.retriever_rl.state import retrieval_rounds, sub_queries
@@ -87,9 +88,9 @@ def evaluate_encoder(records: Sequence[QARecord], client: Any, *, queries: str, 
     for i, _state, result in events:
         ranked[i].append([d["id"] for d in result["documents"]])
     rows: list[dict[str, Any]] = []
-    for record, rounds in zip(records, ranked, strict=True):
-        row: dict[str, Any] = {"id": record.id, "type": record.type,
-                               "rounds": len(rounds)}
+    for record, rounds, docs in zip(records, ranked, documents, strict=True):
+        row: dict[str, Any] = {"id": record.id, "type": record.type, "rounds": len(rounds),
+                               "documents": list(docs)}
         for k in recall_at:
             row[f"recall@{k}"] = support_recall({d for r in rounds for d in r[:k]},
                                                 record.supporting_ids)
