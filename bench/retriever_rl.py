@@ -77,12 +77,14 @@ def train(args: argparse.Namespace, run_dir: Path, seed: int, history: bool) -> 
                  f"retriever_reward={args.reward}",
                  # a recall reward needs no answers: skip the generator in training
                  f"retriever_log_answer_f1={str(args.reward == 'f1').lower()}", *args.overrides]
+    encoder = output / "encoder"
+    if encoder.is_dir():  # trained before the run's measurement was interrupted
+        return encoder
     checkpoint = _last_checkpoint(output)
-    if checkpoint is not None and not (output / "encoder").is_dir():
+    if checkpoint is not None:
         overrides.append(f"resume_from_checkpoint={checkpoint}")
-    if not (output / "encoder").is_dir():
-        _train(CONFIG, overrides, run_dir / "train.log")
-    return output / "encoder"
+    _train(CONFIG, overrides, run_dir / "train.log")
+    return encoder
 
 
 def training_figures(output: Path) -> dict[str, float]:
@@ -116,7 +118,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     client = RetrievalClient(args.retriever_url, timeout=120)
     client.wait_until_ready(timeout=60)
     generator = frozen_generator(args.model, "smollm2", args.max_new_tokens, 16)
-    result: dict[str, Any] = {"config": {**{k: v for k, v in vars(args).items()},
+    result: dict[str, Any] = {"config": {**vars(args),
                                          "config_file": CONFIG, "code": _code_version()},
                               "arms": {}}
     frozen: dict[str, Any] = {}
