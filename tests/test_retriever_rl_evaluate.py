@@ -48,8 +48,12 @@ def test_rounds_batch_each_round_and_build_the_history_from_the_kept_documents()
 
 
 def test_support_recall_and_summary_by_type() -> None:
-    assert support_recall(["p1", "p9"], ["p1", "p2"]) == 0.5
-    assert support_recall({"p2", "p1"}, ["p1", "p2"]) == 1.0
+    record = QARecord(id="r", question="q", answers=["a"], supporting_ids=["p1", "p2"])
+    assert support_recall(record, [{"id": "p1", "contents": "A\na"},
+                                   {"id": "p9", "contents": "B\nb"}]) == 0.5
+    assert support_recall(record, _ranked("p", 3)) == 1.0  # p0, p1, p2: both gold ones
+    with pytest.raises(ValueError, match="no gold passage"):
+        support_recall(QARecord(id="n", question="q", answers=["a"]), [])
     rows = [{"id": "a", "type": "x", "recall@5": 1.0, "f1": 1.0, "em": 1.0},
             {"id": "b", "type": "x", "recall@5": 0.5, "f1": 0.0, "em": 0.0},
             {"id": "c", "type": "y", "recall@5": 0.0, "f1": 0.5, "em": 0.0}]
@@ -71,15 +75,14 @@ def test_greedy_evaluation_matches_the_servers_rankings(tiny_server_url: str,
     for record, row in zip(records, plain["rows"], strict=True):
         ranked = client.retrieve(record.decomposition, topk=4)
         for k in (1, 4):
-            want = support_recall({d["id"] for r in ranked for d in r[:k]},
-                                  record.supporting_ids)
+            want = support_recall(record, [d for r in ranked for d in r[:k]])
             assert row[f"recall@{k}"] == want
         assert row["rounds"] == len(record.decomposition)
         assert row["documents"] == list(dict.fromkeys(d["id"] for r in ranked for d in r[:2]))
     single = evaluate_encoder(records, client, queries="question", history=False, top_k=2)
     ranked = client.retrieve([r.question for r in records], topk=5)
     assert [row["recall@5"] for row in single["rows"]] == [
-        support_recall([d["id"] for d in docs], r.supporting_ids)
+        support_recall(r, docs)
         for docs, r in zip(ranked, records, strict=True)]
     # the history changes the second round's state, so what the server is asked differs
     history = evaluate_encoder(records, client, queries="decomposition", history=True, top_k=2)

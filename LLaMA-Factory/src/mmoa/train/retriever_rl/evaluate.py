@@ -16,10 +16,11 @@ recall@5 here equals ``mmoa-cli eval --mode rag --k 5``'s ``candidate_support_re
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from mmoa.data.records import QARecord
+from mmoa.data.support import GoldSupport
 from mmoa.evaluation import standard_error
 
 #: The ``k`` of the recall reported by default (recall@k of the gold passages).
@@ -52,10 +53,17 @@ def answer_documents(generator: Any, questions: Sequence[str],
             for call in generator.generate("generator", prompts)]
 
 
-def support_recall(document_ids: Sequence[str] | set[str], gold: Sequence[str]) -> float:
-    """Fraction of the gold passages among the documents."""
-    gold_set = set(gold)
-    return len(gold_set & set(document_ids)) / len(gold_set)
+def support_recall(record: QARecord, documents: Iterable[dict[str, Any]]) -> float:
+    """Fraction of ``record``'s gold passages among the retrieved ``{"id", "contents"}``
+    documents: the project's one matching rule (:class:`mmoa.data.support.GoldSupport`; its
+    passages are read as candidates, whose position plays no part). The record must name its
+    gold passages."""
+    from mmoa.agents.candidates import Candidate
+
+    support = GoldSupport.of(record)
+    if support is None:
+        raise ValueError(f"record {record.id!r} names no gold passage")
+    return support.recall([Candidate(doc, 0, 0) for doc in documents])
 
 
 def evaluate_encoder(records: Sequence[QARecord], client: Any, *, queries: str, history: bool,
@@ -84,16 +92,15 @@ def evaluate_encoder(records: Sequence[QARecord], client: Any, *, queries: str, 
 
     subs = [sub_queries(r, queries) for r in records]
     documents, events = retrieval_rounds(subs, history, greedy, keep=top_k)
-    ranked: list[list[list[str]]] = [[] for _ in records]  # per question, per round: ids
+    ranked: list[list[list[dict[str, Any]]]] = [[] for _ in records]  # per question, round
     for i, _state, result in events:
-        ranked[i].append([d["id"] for d in result["documents"]])
+        ranked[i].append(result["documents"])
     rows: list[dict[str, Any]] = []
     for record, rounds, docs in zip(records, ranked, documents, strict=True):
         row: dict[str, Any] = {"id": record.id, "type": record.type, "rounds": len(rounds),
                                "documents": list(docs)}
         for k in recall_at:
-            row[f"recall@{k}"] = support_recall({d for r in rounds for d in r[:k]},
-                                                record.supporting_ids)
+            row[f"recall@{k}"] = support_recall(record, [d for r in rounds for d in r[:k]])
         rows.append(row)
     if generator is not None:
         answers = answer_documents(generator, [r.question for r in records],

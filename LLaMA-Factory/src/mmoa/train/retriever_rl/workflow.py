@@ -148,7 +148,7 @@ class RetrieverRLTrainer:
                 [[d["contents"] for d in docs.values()] for docs in documents])
             f1s = [f1_score(answer, records[i // g].answers) for i, answer in enumerate(answers)]
         generate_s = time.perf_counter() - started
-        recalls = [support_recall(documents[i], records[i // g].supporting_ids)
+        recalls = [support_recall(records[i // g], documents[i].values())
                    for i in range(len(subs)) if records[i // g].supporting_ids]
         rewards = f1s if args.retriever_reward == "f1" else recalls
         events.sort(key=lambda event: event[0])  # stable: each sample's retrievals in order
