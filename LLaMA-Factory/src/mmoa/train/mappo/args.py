@@ -207,6 +207,17 @@ class MappoArguments:
         default=3, metadata={"help": "Consecutive non-finite losses before the run stops."}
     )
 
+    # the joint option: query-encoder updates (HARR) between MAPPO updates
+    mappo_joint_retriever: str | None = field(
+        default=None,
+        metadata={"help": "A retriever_rl config: its query encoder is trained with GRPO "
+                          "between MAPPO steps and served to the rollouts (train/mappo/"
+                          "joint_retriever.py, docs/retriever_rl.md)."})
+    mappo_joint_retriever_every: int = field(
+        default=1, metadata={"help": "MAPPO steps between two retriever phases."})
+    mappo_joint_retriever_steps: int = field(
+        default=1, metadata={"help": "Query-encoder GRPO steps per retriever phase."})
+
     # checkpoints
     mappo_resume_fallback: bool = field(
         default=False,
@@ -257,7 +268,8 @@ class MappoArguments:
                      "mappo_group_size", "mappo_search_max_turns",
                      "mappo_search_max_queries", "mappo_search_top_k",
                      "mappo_max_new_tokens_search", "mappo_decision_top_k",
-                     "mappo_max_new_tokens_decision"):
+                     "mappo_max_new_tokens_decision", "mappo_joint_retriever_every",
+                     "mappo_joint_retriever_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.mappo_questions_per_rollout is not None and self.mappo_questions_per_rollout < 0:

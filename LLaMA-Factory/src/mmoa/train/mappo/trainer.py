@@ -188,6 +188,10 @@ class MappoTrainer(Trainer):
             loss_averaging=mappo_args.mappo_loss_averaging,
             kl_loss_coef=mappo_args.mappo_kl_loss_coef,
         )
+        #: Objects whose state travels in every checkpoint (``save(folder)`` into the one
+        #: being written, ``load(folder)`` when resuming; their ``name`` is their folder),
+        #: e.g. the joint option's query encoder (:mod:`.joint_retriever`).
+        self.checkpoint_companions: list[Any] = []
         self._stop = StopRequest()
         self._nonfinite_in_a_row = 0
         #: The step the last checkpoint of this run holds: the last step can ask for one
@@ -659,6 +663,8 @@ class MappoTrainer(Trainer):
                 else:
                     torch.save(self._rng_state(learner), tmp / RNG_FILE)
                 self.state.save_to_json(str(tmp / "trainer_state.json"))
+                for companion in self.checkpoint_companions:
+                    companion.save(tmp)
                 write_manifest(tmp)  # last: it vouches for every file above
             self.callback_handler.on_save(self.args, self.state, self.control)
         if distributed:
@@ -757,7 +763,20 @@ class MappoTrainer(Trainer):
                 loaded = TrainerState.load_from_json(str(state_json))
             self.state.log_history = loaded.log_history
         self.state.global_step = saved["global_step"]
+        self._load_companions(path)
         return int(saved["global_step"])
+
+    def _load_companions(self, path: Path) -> None:
+        """Each companion's state from the checkpoint; a checkpoint holding the state of a
+        companion this run lacks is refused (resuming would drop it silently)."""
+        from mmoa.train.mappo.joint_retriever import CHECKPOINT_DIR
+
+        names = {companion.name for companion in self.checkpoint_companions}
+        if CHECKPOINT_DIR not in names and (path / CHECKPOINT_DIR).is_dir():
+            raise ValueError(f"{path}: saved with mappo_joint_retriever (it holds the query "
+                             f"encoder's state in {CHECKPOINT_DIR}/); resume it with that key")
+        for companion in self.checkpoint_companions:
+            companion.load(path)
 
     @staticmethod
     def _set_rng_state(rng: dict[str, Any], learner: PPOLearner) -> None:

@@ -222,6 +222,9 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
         whiten_rewards=finetuning_args.ppo_whiten_rewards,
         callbacks=[LogCallback(), *(callbacks or [])],
     )
+    from mmoa.train.mappo.joint_retriever import build_joint_retriever
+
+    build_joint_retriever(mappo_args, training_args, model_args, data_args, trainer)
     if history is not None and trainer.is_world_process_zero():
         # LLaMA-Factory's LogCallback deletes the log of a folder it may overwrite; a resumed
         # run keeps the steps up to its checkpoint (later lines were of the abandoned part).

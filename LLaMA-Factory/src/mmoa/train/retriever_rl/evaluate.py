@@ -29,12 +29,19 @@ RECALL_AT = (3, 5)
 
 def frozen_generator(model_name_or_path: str, template: str, max_new_tokens: int,
                      batch_size: int) -> Any:
-    """The frozen answerer of the stage and of its evaluation: the plain RAG Generator,
-    greedy, so that its answer depends on the retrieved documents alone."""
-    from mmoa.agents.pipeline import GenerationSettings, RagPipeline
+    """The frozen answerer of the stage and of its evaluation, loaded from a model folder."""
     from mmoa.modeling import load_for_inference
 
     model, tokenizer = load_for_inference(model_name_or_path, template)
+    return rag_generator(model, tokenizer, template, max_new_tokens, batch_size)
+
+
+def rag_generator(model: Any, tokenizer: Any, template: Any, max_new_tokens: int,
+                  batch_size: int) -> Any:
+    """The plain RAG Generator over a loaded model, greedy, so that its answer depends on the
+    retrieved documents alone (the joint MAPPO option passes its live policy)."""
+    from mmoa.agents.pipeline import GenerationSettings, RagPipeline
+
     settings = GenerationSettings(do_sample=False)
     settings.max_new_tokens["generator"] = max_new_tokens
     return RagPipeline(model, tokenizer, template, None, mode="g", settings=settings,

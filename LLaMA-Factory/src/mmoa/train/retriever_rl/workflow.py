@@ -44,7 +44,9 @@ SEED_STRIDE = 1_000_003
 class RetrieverRLTrainer:
     """Holds the frozen generator, the trainable query encoder, the optimizer and the log."""
 
-    def __init__(self, args: RetrieverRLArguments) -> None:
+    def __init__(self, args: RetrieverRLArguments, generator: Any | None = None) -> None:
+        """``generator``: the answerer of the F1 reward and log instead of a frozen copy of
+        ``model_name_or_path`` (the joint MAPPO option passes its live policy's)."""
         from mmoa.retrieval.client import RetrievalClient
         from mmoa.train.mappo.workflow import load_mappo_records
         from mmoa.train.retriever_rl.evaluate import frozen_generator
@@ -80,10 +82,11 @@ class RetrieverRLTrainer:
             device="cuda" if torch.cuda.is_available() else "cpu")
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(),
                                            lr=args.learning_rate, weight_decay=0.0)
-        self.generator = (frozen_generator(args.model_name_or_path, args.template,
-                                           args.retriever_max_new_tokens,
-                                           args.retriever_generator_batch_size)
-                          if self.answers_needed else None)
+        if generator is None and self.answers_needed:
+            generator = frozen_generator(args.model_name_or_path, args.template,
+                                         args.retriever_max_new_tokens,
+                                         args.retriever_generator_batch_size)
+        self.generator = generator if self.answers_needed else None
         self.step = 0
         self.log_history: list[dict[str, Any]] = []
         self.started = time.monotonic()
@@ -194,32 +197,14 @@ class RetrieverRLTrainer:
     # --------------------------------------------------------------------------- train
 
     def train(self) -> None:
-        from mmoa.train.retriever_rl.learner import grpo_update
-
+        """The stage's run: ``max_steps`` steps (resumed from ``resume_from_checkpoint``),
+        then the final encoder; the server gets its own encoder back even on an error."""
         args = self.args
-        self.output.mkdir(parents=True, exist_ok=True)
-        if args.resume_from_checkpoint:
-            self.load_checkpoint(Path(args.resume_from_checkpoint))
-        else:
-            (self.output / TRAINER_LOG_FILE).unlink(missing_ok=True)
-        self.sync_server()
+        self.begin(Path(args.resume_from_checkpoint) if args.resume_from_checkpoint else None)
         bar = tqdm(total=args.max_steps, initial=self.step, desc="retriever_rl", unit="step")
         try:
             while self.step < args.max_steps:
-                step_started = time.perf_counter()
-                groups, stats = self.rollout(self.step)
-                started = time.perf_counter()
-                stats.update(grpo_update(
-                    self.policy.embed, self.policy.trainable_parameters(), self.optimizer,
-                    groups, alpha=args.retriever_alpha, cliprange=args.retriever_cliprange,
-                    epochs=args.retriever_update_epochs, max_grad_norm=args.max_grad_norm,
-                    normalise=args.retriever_grpo_normalise))
-                stats["time/update"] = time.perf_counter() - started
-                self.step += 1
-                if self.step % args.retriever_reload_every == 0 and self.step < args.max_steps:
-                    stats["time/reload"] = self.sync_server()
-                stats["time/step"] = time.perf_counter() - step_started
-                self.log(stats)
+                stats = self.train_step()
                 if self.step % args.save_steps == 0 or self.step == args.max_steps:
                     self.save_checkpoint()
                 bar.update(1)
@@ -228,10 +213,47 @@ class RetrieverRLTrainer:
             bar.close()
             if args.retriever_restore_server_encoder:
                 self.restore_server()
+        self.finish()
+
+    def begin(self, checkpoint: Path | None) -> None:
+        """Restore ``checkpoint`` (or start a fresh log) and make the server serve the
+        encoder being trained."""
+        self.output.mkdir(parents=True, exist_ok=True)
+        if checkpoint is not None:
+            self.load_checkpoint(checkpoint)
+        else:
+            (self.output / TRAINER_LOG_FILE).unlink(missing_ok=True)
+        self.sync_server()
+
+    def train_step(self) -> dict[str, float]:
+        """One step: rollouts from the served encoder, one GRPO update, the server reloaded
+        (every ``retriever_reload_every`` updates, and never after the last one: see
+        :meth:`sync_server`), the log line. Returns the step's figures."""
+        from mmoa.train.retriever_rl.learner import grpo_update
+
+        args = self.args
+        step_started = time.perf_counter()
+        groups, stats = self.rollout(self.step)
+        started = time.perf_counter()
+        stats.update(grpo_update(
+            self.policy.embed, self.policy.trainable_parameters(), self.optimizer,
+            groups, alpha=args.retriever_alpha, cliprange=args.retriever_cliprange,
+            epochs=args.retriever_update_epochs, max_grad_norm=args.max_grad_norm,
+            normalise=args.retriever_grpo_normalise))
+        stats["time/update"] = time.perf_counter() - started
+        self.step += 1
+        if self.step % args.retriever_reload_every == 0 and self.step < args.max_steps:
+            stats["time/reload"] = self.sync_server()
+        stats["time/step"] = time.perf_counter() - step_started
+        self.log(stats)
+        return stats
+
+    def finish(self) -> None:
+        """The final servable encoder, the state and the plots in ``output_dir``."""
         with atomic_dir(self.output / FINAL_ENCODER) as tmp:
             self.policy.save_encoder(tmp)
         atomic_write_json(self.output / "trainer_state.json", self.state())
-        if args.plot_loss:
+        if self.args.plot_loss:
             from llamafactory.extras.ploting import plot_loss
 
             plot_loss(str(self.output), keys=PLOT_KEYS)
@@ -267,18 +289,23 @@ class RetrieverRLTrainer:
                 "retriever_finetuning": self.args.retriever_finetuning}
 
     def save_checkpoint(self) -> Path:
-        """``checkpoint-<step>/``: ``encoder/`` (servable), ``trainable.pt`` and ``optimizer.pt``
-        (resume), ``trainer_state.json`` and the log so far; written whole or not at all."""
+        """``checkpoint-<step>/`` in ``output_dir``, written whole or not at all."""
         folder = self.output / f"checkpoint-{self.step}"
         with atomic_dir(folder) as tmp:
-            self.policy.save_encoder(tmp / FINAL_ENCODER)
-            torch.save(self.policy.trainable_state(), tmp / "trainable.pt")
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            atomic_write_json(tmp / "trainer_state.json", self.state())
-            log = self.output / TRAINER_LOG_FILE
-            atomic_write_text(tmp / TRAINER_LOG_FILE,
-                              log.read_text(encoding="utf-8") if log.is_file() else "")
+            self.write_checkpoint(tmp)
         return folder
+
+    def write_checkpoint(self, folder: Path) -> None:
+        """Into ``folder``: ``encoder/`` (servable), ``trainable.pt`` and ``optimizer.pt``
+        (resume), ``trainer_state.json`` and the log so far."""
+        folder.mkdir(parents=True, exist_ok=True)
+        self.policy.save_encoder(folder / FINAL_ENCODER)
+        torch.save(self.policy.trainable_state(), folder / "trainable.pt")
+        torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
+        atomic_write_json(folder / "trainer_state.json", self.state())
+        log = self.output / TRAINER_LOG_FILE
+        atomic_write_text(folder / TRAINER_LOG_FILE,
+                          log.read_text(encoding="utf-8") if log.is_file() else "")
 
     def load_checkpoint(self, folder: Path) -> None:
         state_file = folder / "trainer_state.json"
