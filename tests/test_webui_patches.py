@@ -87,7 +87,10 @@ def test_mappo_widgets_are_registered_train_inputs(engine: Any) -> None:
     assert mappo_tab.label == MAPPO_STAGE_LABEL
     # Laid out under the stage rows, above LlamaBoard's accordions, Start and the log.
     siblings = mappo_tab.parent.children
+    # then the Retriever RL accordion, then LlamaBoard's own
     assert siblings.index(mappo_tab) + 1 == siblings.index(
+        manager.get_elem_by_id("train.retriever_tab"))
+    assert siblings.index(mappo_tab) + 2 == siblings.index(
         manager.get_elem_by_id("train.extra_tab"))
     assert siblings.index(mappo_tab) < siblings.index(
         _top_level(manager.get_elem_by_id("train.start_btn"), mappo_tab.parent))
@@ -199,6 +202,55 @@ def test_preview_shows_the_yaml_and_the_mmoa_command(engine: Any) -> None:
     assert "llamafactory-cli train" in sft and "--stage sft" in sft
 
 
+def test_the_retriever_rl_stage_gets_its_own_strict_config(engine: Any, tiny_model_dir: Path,
+                                                          tmp_path: Path) -> None:
+    """The Retriever RL accordion's fields and the form become a config that the stage's own
+    strict parser accepts (LlamaBoard's causal-LM keys left out); the preview shows our CLI;
+    Initialize reports what the parser refuses."""
+    from llamafactory.webui.common import save_cmd
+
+    from mmoa.train.launcher import read_train_config
+    from mmoa.train.retriever_rl.args import parse_retriever_rl_args
+    from mmoa.webui.retriever_fields import RETRIEVER_FIELDS, RETRIEVER_STAGE_LABEL
+
+    manager = engine.manager
+    tab = manager.get_elem_by_id("train.retriever_tab")
+    assert tab.label == RETRIEVER_STAGE_LABEL
+    assert RETRIEVER_STAGE_LABEL in [c[0] for c in
+                                     manager.get_elem_by_id("train.training_stage").choices]
+    form = dict(train__training_stage=RETRIEVER_STAGE_LABEL, top__template="llama3",
+                top__model_path=str(tiny_model_dir), train__output_dir=str(tmp_path / "run"),
+                train__retriever_index=str(tmp_path / "index"), train__retriever_max_steps=7,
+                train__retriever_reward="recall", train__retriever_queries="decomposition",
+                train__retriever_history=True, train__retriever_alpha=0.1,
+                train__extra_args=json.dumps({"retriever_lora_alpha": 16, "max_steps": 9}))
+    data = _form(engine, **form)
+    assert engine.runner._initialize(data, True, True) == ""
+    args = engine.runner._parse_train_args(data)
+    assert args["stage"] == "retriever_rl"
+    for key in ("finetuning_type", "per_device_train_batch_size", "num_train_epochs",
+                "lr_scheduler_type", "val_size", "preprocessing_num_workers"):
+        assert key not in args, key
+    for field in RETRIEVER_FIELDS:
+        assert field.key in args, field.key
+    config = read_train_config([save_cmd(args)])  # what Start writes, read as the CLI reads it
+    parsed = parse_retriever_rl_args(config)
+    assert (parsed.model_name_or_path, parsed.dataset, parsed.template) == (
+        str(tiny_model_dir), "tiny_mappo", "llama3")
+    assert (parsed.retriever_reward, parsed.retriever_history, parsed.retriever_alpha) == (
+        "recall", True, 0.1)
+    assert (parsed.max_steps, parsed.retriever_lora_alpha) == (9, 16)  # the box wins
+    text = next(iter(list(engine.runner.preview_train(data))[-1].values()))
+    assert "stage: retriever_rl" in text and "mmoa-cli train" in text
+    # what the stage's parser refuses is reported before a run starts
+    bad = _form(engine, **{**form, "train__retriever_history": True,
+                           "train__retriever_queries": "question"})
+    error = engine.runner._initialize(bad, True, True)
+    assert error.startswith("Retriever RL: ") and "retriever_history" in error, error
+    no_index = _form(engine, **{**form, "train__retriever_index": ""})
+    assert "retriever_index is required" in engine.runner._initialize(no_index, True, True)
+
+
 def test_popen_is_swapped_and_routes_by_stage(ui: tuple[Any, Any], tmp_path: Path) -> None:
     import shutil
 
@@ -213,6 +265,10 @@ def test_popen_is_swapped_and_routes_by_stage(ui: tuple[Any, Any], tmp_path: Pat
     sft.write_text(yaml.safe_dump({"stage": "sft"}))
     assert route_command(["llamafactory-cli", "train", str(mappo)]) == [
         sys.executable, "-m", "mmoa.cli", "train", str(mappo)]
+    encoder = tmp_path / "retriever_rl.yaml"
+    encoder.write_text(yaml.safe_dump({"stage": "retriever_rl"}))
+    assert route_command(["llamafactory-cli", "train", str(encoder)]) == [
+        sys.executable, "-m", "mmoa.cli", "train", str(encoder)]
     expected_sft = (["llamafactory-cli", "train", str(sft)] if shutil.which("llamafactory-cli")
                     else [sys.executable, "-m", "llamafactory.cli", "train", str(sft)])
     assert route_command(["llamafactory-cli", "train", str(sft)]) == expected_sft

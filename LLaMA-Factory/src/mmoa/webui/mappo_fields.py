@@ -35,8 +35,12 @@ def _default(key: str) -> Any:
         from llamafactory.hparams import FinetuningArguments
 
         owner: type = FinetuningArguments
-    else:
+    elif key.startswith("mappo_"):
         owner = MappoArguments
+    else:  # the retriever_rl stage's accordion (mmoa.webui.retriever_fields)
+        from mmoa.train.retriever_rl.args import RetrieverRLArguments
+
+        owner = RetrieverRLArguments
     for f in fields(owner):
         if f.name == key:
             if f.default is MISSING:
@@ -47,10 +51,12 @@ def _default(key: str) -> Any:
 
 @dataclass(frozen=True)
 class MappoField:
-    """One widget of the MAPPO accordion and the config key it fills."""
+    """One widget of a stage's accordion (MAPPO's, or retriever_rl's) and the config key it
+    fills; its default is the stage's own."""
 
     name: str  #: element name; LlamaBoard registers it as ``train.<name>``
-    key: str  #: the YAML key (a ``MappoArguments`` field, or ``ppo_epochs`` / ``ppo_target``)
+    key: str  #: the YAML key (a ``MappoArguments`` or ``RetrieverRLArguments`` field, or
+    #: ``ppo_epochs`` / ``ppo_target``)
     label: str
     info: str
     kind: Kind
@@ -96,15 +102,15 @@ class MappoField:
         if self.kind == "choice":
             return str(value)
         if value is None or value == "":
-            raise ValueError(f"MAPPO field {self.label!r} ({self.key}) is empty")
+            raise ValueError(f"field {self.label!r} ({self.key}) is empty")
         try:
             number = float(value)
         except (TypeError, ValueError) as err:
-            raise ValueError(f"MAPPO field {self.label!r} ({self.key}): expected a number, got "
+            raise ValueError(f"field {self.label!r} ({self.key}): expected a number, got "
                              f"{value!r}") from err
         if self.kind == "int":
             if number != int(number):
-                raise ValueError(f"MAPPO field {self.label!r} ({self.key}): expected a whole "
+                raise ValueError(f"field {self.label!r} ({self.key}): expected a whole "
                                  f"number, got {value!r}")
             if self.key == "mappo_questions_per_rollout" and int(number) == 0:
                 return None  # automatic: per-device batch size x gradient accumulation

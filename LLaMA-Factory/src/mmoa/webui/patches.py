@@ -1,20 +1,26 @@
-"""In-memory patches that put the ``mappo`` stage into LLaMA-Factory's LlamaBoard.
+"""In-memory patches that put our stages (``mappo``, ``retriever_rl``) into LLaMA-Factory's
+LlamaBoard.
 
 We never edit the installed ``llamafactory`` package (a reinstall would undo it, and users compare
 our UI with theirs). Instead :func:`apply_patches` changes a few module-level names before
 ``create_ui()`` runs; every patch point is one that LlamaBoard looks up at call time:
 
-1. ``extras.constants.TRAINING_STAGES`` gets ``"MAPPO (multi-agent RAG)": "mappo"``, mutated in
-   place because every webui module holds a reference to the same dict;
+1. ``extras.constants.TRAINING_STAGES`` gets ``"MAPPO (RAG)": "mappo"`` and
+   ``"Retriever RL (HARR)": "retriever_rl"``, mutated in place because every webui module holds
+   a reference to the same dict;
 2. ``Runner._parse_train_args`` adds the MAPPO fields (as their YAML keys), drops the evaluation
    keys that do not apply, and ``Runner._initialize`` checks the MAPPO fields before a run;
-3. ``runner.Popen`` sends a ``stage: mappo`` YAML to ``python -m mmoa.cli train`` (everything
+   for ``retriever_rl`` the form becomes the stage's own strict config
+   (:func:`mmoa.webui.retriever_fields.stage_config`), checked by the stage's parser;
+3. ``runner.Popen`` sends a ``stage: mappo`` or ``retriever_rl`` YAML to ``python -m mmoa.cli
+   train`` (everything
    else still goes to ``llamafactory-cli train``); the inherited ``LLAMABOARD_*`` environment
    makes our trainer's ``LogCallback`` feed the progress bar, log and Stop button unchanged;
 4. ``runner.gen_cmd`` previews a MAPPO run as the YAML that Start writes plus the ``mmoa-cli``
    command that runs it (``llamafactory-cli train --stage mappo`` would be refused);
-5. ``runner.get_trainer_info`` plots loss and reward for MAPPO runs;
-6. ``interface.create_train_tab`` adds the MAPPO accordion: the widgets are created with
+5. ``runner.get_trainer_info`` plots loss and reward for our stages' runs;
+6. ``interface.create_train_tab`` adds the MAPPO and Retriever RL accordions: the widgets are
+   created with
    ``render=False`` and slipped into the tab's input set (through a temporary
    ``manager.get_base_elems``), so Preview, Start, Save and Load all carry them; the accordion
    is then moved up, under the rows where the stage is chosen;
@@ -49,7 +55,12 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from mmoa.fileio import atomic_write_text
-from mmoa.train.launcher import MAPPO_STAGE, TrainConfigError, read_train_config
+from mmoa.train.launcher import (
+    MAPPO_STAGE,
+    RETRIEVER_RL_STAGE,
+    TrainConfigError,
+    read_train_config,
+)
 from mmoa.webui.mappo_fields import (
     MAPPO_FIELDS,
     MAPPO_ROWS,
@@ -57,12 +68,20 @@ from mmoa.webui.mappo_fields import (
     config_from_values,
     validate_config,
 )
+from mmoa.webui.retriever_fields import (
+    RETRIEVER_FIELDS,
+    RETRIEVER_ROWS,
+    RETRIEVER_STAGE_LABEL,
+    stage_config,
+)
 
 if TYPE_CHECKING:
     from gradio.components import Component
 
 #: Keys LlamaBoard adds for a validation split; the MAPPO stage evaluates with ``mmoa-cli eval``.
 EVAL_KEYS = ("val_size", "eval_strategy", "eval_steps", "per_device_eval_batch_size")
+#: The stages that run through ``mmoa-cli train`` (LlamaBoard's CLI would refuse them).
+OUR_STAGES = (MAPPO_STAGE, RETRIEVER_RL_STAGE)
 #: Prefix of the ``elem_id`` given to LlamaBoard's components (stable hooks for CSS and tests).
 ELEM_ID_PREFIX = "mmoa"
 
@@ -86,7 +105,8 @@ def read_stage(config_path: str | Path) -> str | None:
 def route_command(command: Sequence[str] | str) -> Sequence[str] | str:
     """The command that really runs LlamaBoard's ``["llamafactory-cli", "train", yaml]``.
 
-    ``stage: mappo`` goes to our CLI with this interpreter. Other stages stay with
+    ``stage: mappo`` and ``retriever_rl`` go to our CLI with this interpreter. Other stages stay
+    with
     ``llamafactory-cli``; when it is not on ``PATH`` (a virtualenv used without activating it)
     the same entry point runs as ``python -m llamafactory.cli``.
     """
@@ -94,7 +114,7 @@ def route_command(command: Sequence[str] | str) -> Sequence[str] | str:
             "llamafactory-cli", "train"]:
         return command
     config = command[2]
-    if read_stage(config) == MAPPO_STAGE:
+    if read_stage(config) in OUR_STAGES:
         return [sys.executable, "-m", "mmoa.cli", "train", config]
     if shutil.which("llamafactory-cli") is None:
         return [sys.executable, "-m", "llamafactory.cli", "train", config]
@@ -114,6 +134,11 @@ class RoutingPopen(subprocess.Popen):  # type: ignore[type-arg]
 def _mappo_values(runner: Any, data: dict[Component, Any]) -> dict[str, Any]:
     get = runner.manager.get_elem_by_id
     return {f.name: data[get(f"train.{f.name}")] for f in MAPPO_FIELDS}
+
+
+def _retriever_values(runner: Any, data: dict[Component, Any]) -> dict[str, Any]:
+    get = runner.manager.get_elem_by_id
+    return {f.name: data[get(f"train.{f.name}")] for f in RETRIEVER_FIELDS}
 
 
 def _extra_args(runner: Any, data: dict[Component, Any]) -> dict[str, Any]:
@@ -139,6 +164,8 @@ def _wrap_parse_train_args(original: Callable[..., dict[str, Any]]) -> Callable[
         if "preprocessing_num_workers" not in extra:  # LlamaBoard always asks for 16
             args["preprocessing_num_workers"] = min(int(args.get("preprocessing_num_workers")
                                                         or 1), os.cpu_count() or 1)
+        if args.get("stage") == RETRIEVER_RL_STAGE:
+            return stage_config(args, _retriever_values(self, data), extra)
         if args.get("stage") != MAPPO_STAGE:
             return args
         for key in EVAL_KEYS:
@@ -157,8 +184,16 @@ def _wrap_initialize(original: Callable[..., str]) -> Callable[..., str]:
     def _initialize(self: Any, data: dict[Component, Any], do_train: bool,
                     from_preview: bool) -> str:
         error = original(self, data, do_train, from_preview)
-        if error or not do_train or _stage_of(self, data) != MAPPO_STAGE:
+        if error or not do_train or _stage_of(self, data) not in OUR_STAGES:
             return error
+        if _stage_of(self, data) == RETRIEVER_RL_STAGE:
+            from mmoa.webui.retriever_fields import validate
+
+            try:
+                validate(self._parse_train_args(data))
+            except (ValueError, TypeError) as err:
+                return f"Retriever RL: {err}"
+            return ""
         try:
             config = config_from_values(_mappo_values(self, data))
             if not config.get("mappo_retriever_url", "").startswith(("http://", "https://")):
@@ -178,7 +213,7 @@ def _wrap_initialize(original: Callable[..., str]) -> Callable[..., str]:
 
 def _wrap_gen_cmd(original: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], str]:
     def gen_cmd(args: dict[str, Any]) -> str:
-        if args.get("stage") != MAPPO_STAGE:
+        if args.get("stage") not in OUR_STAGES:
             return original(args)
         from llamafactory.extras.constants import TRAINING_ARGS
 
@@ -253,7 +288,7 @@ def _wrap_trainer_info(original: Callable[..., Any]) -> Callable[..., Any]:
         if do_train and "loss_viewer" in info:
             from llamafactory.extras.constants import TRAINER_LOG, TRAINING_ARGS
 
-            if read_stage(os.path.join(output_path, TRAINING_ARGS)) == MAPPO_STAGE:
+            if read_stage(os.path.join(output_path, TRAINING_ARGS)) in OUR_STAGES:
                 import gradio as gr
 
                 from mmoa.webui.plots import mappo_plot, read_trainer_log
@@ -297,7 +332,7 @@ def _wrap_create_train_tab(original: Callable[[Any], dict[str, Any]]) -> Callabl
         from llamafactory.extras.misc import is_accelerator_available
 
         _last_engine[:] = [engine]
-        components = {f.name: f.make_component() for f in MAPPO_FIELDS}
+        components = {f.name: f.make_component() for f in (*MAPPO_FIELDS, *RETRIEVER_FIELDS)}
         manager = engine.manager
         base_elems = manager.get_base_elems
         manager.get_base_elems = lambda: base_elems() | set(components.values())
@@ -314,22 +349,40 @@ def _wrap_create_train_tab(original: Callable[[Any], dict[str, Any]]) -> Callabl
                     for name in row:
                         components[name].render()
 
+        with gr.Accordion(RETRIEVER_STAGE_LABEL, open=False,
+                          elem_id=f"{ELEM_ID_PREFIX}-train-retriever_tab") as retriever_tab:
+            gr.Markdown(
+                "Used when the stage is **Retriever RL**: the query encoder is trained with "
+                "GRPO on sampled retrievals while the model above stays frozen (it answers for "
+                "the F1 reward). Of the fields above the stage reads the model, template, "
+                "dataset, output dir, learning rate, logging/save steps and max samples; the "
+                "schedule is constant and the batch, epoch and fine-tuning fields do not "
+                "apply. Other `retriever_*` keys go in the extra-arguments box "
+                "(docs/retriever_rl.md).")
+            for row in RETRIEVER_ROWS:
+                with gr.Row():
+                    for name in row:
+                        components[name].render()
+
         # Under the stage/dataset rows, where the stage is chosen, instead of below Start and
         # the log (gradio lays a tab out in the order of its children until launch).
         _move_before(mappo_tab, elems.get("extra_tab"))
+        _move_before(retriever_tab, elems.get("extra_tab"))
 
-        def open_when_mappo(label: str) -> Any:
-            return gr.Accordion(open=TRAINING_STAGES.get(label) == MAPPO_STAGE)
+        def open_for_stage(label: str) -> tuple[Any, Any]:
+            stage = TRAINING_STAGES.get(label)
+            return (gr.Accordion(open=stage == MAPPO_STAGE),
+                    gr.Accordion(open=stage == RETRIEVER_RL_STAGE))
 
-        elems["training_stage"].change(open_when_mappo, [elems["training_stage"]], [mappo_tab],
-                                       queue=False)
+        elems["training_stage"].change(open_for_stage, [elems["training_stage"]],
+                                       [mappo_tab, retriever_tab], queue=False)
         if not is_accelerator_available():
             elems["compute_type"].value = "fp32"  # bf16 fails on CPU
         _tag_elements("train", elems)
         top = {manager.get_id_by_elem(e).split(".", 1)[1]: e for e in manager.get_elem_list()
                if manager.get_id_by_elem(e).startswith("top.")}
         _tag_elements("top", top)
-        return {**elems, "mappo_tab": mappo_tab, **components}
+        return {**elems, "mappo_tab": mappo_tab, "retriever_tab": retriever_tab, **components}
 
     create_train_tab.__wrapped__ = original  # type: ignore[attr-defined]
     return create_train_tab
@@ -401,6 +454,7 @@ def apply_patches() -> None:
         "save_config": [module.save_config for module in _save_config_modules()],
     })
     TRAINING_STAGES[MAPPO_STAGE_LABEL] = MAPPO_STAGE
+    TRAINING_STAGES[RETRIEVER_STAGE_LABEL] = RETRIEVER_RL_STAGE
     runner.Runner._parse_train_args = _wrap_parse_train_args(_originals["parse"])
     runner.Runner._initialize = _wrap_initialize(_originals["initialize"])
     runner.Runner.monitor = _wrap_monitor(_originals["monitor"])
@@ -421,6 +475,7 @@ def remove_patches() -> None:
     from llamafactory.webui import interface, runner
 
     TRAINING_STAGES.pop(MAPPO_STAGE_LABEL, None)
+    TRAINING_STAGES.pop(RETRIEVER_STAGE_LABEL, None)
     runner.Runner._parse_train_args = _originals["parse"]
     runner.Runner._initialize = _originals["initialize"]
     runner.Runner.monitor = _originals["monitor"]

@@ -17,9 +17,11 @@ a shared file system): it loads the encoder from there.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -196,24 +198,41 @@ class RetrieverRLTrainer:
 
     # --------------------------------------------------------------------------- train
 
-    def train(self) -> None:
+    def train(self) -> int | None:
         """The stage's run: ``max_steps`` steps (resumed from ``resume_from_checkpoint``),
-        then the final encoder; the server gets its own encoder back even on an error."""
+        then the final encoder; the server gets its own encoder back even on an error.
+
+        A stop signal ends the run after the step under way, with a checkpoint: the web UI's
+        Abort (SIGABRT) still writes the final encoder, as LlamaBoard's stages do; SIGINT or
+        SIGTERM does not (the run is unfinished) and the exit code 128 + signal is returned."""
         args = self.args
         self.begin(Path(args.resume_from_checkpoint) if args.resume_from_checkpoint else None)
         bar = tqdm(total=args.max_steps, initial=self.step, desc="retriever_rl", unit="step")
+        stop, previous = _install_stop_handlers()
+        stopping = False
         try:
             while self.step < args.max_steps:
                 stats = self.train_step()
-                if self.step % args.save_steps == 0 or self.step == args.max_steps:
-                    self.save_checkpoint()
+                stopping = stop.signum is not None  # read once: a signal may come meanwhile
+                if self.step % args.save_steps == 0 or self.step == args.max_steps or stopping:
+                    checkpoint = self.save_checkpoint()
                 bar.update(1)
                 bar.set_postfix(reward=f"{stats['reward']:.3f}", loss=f"{stats['loss']:.4f}")
+                if stopping:
+                    print(f"[retriever_rl] {signal.Signals(stop.signum).name} received: stopped "
+                          f"after step {self.step}, saved in {checkpoint}; resume with "
+                          f"resume_from_checkpoint={checkpoint}", file=sys.stderr, flush=True)
+                    break
         finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             bar.close()
             if args.retriever_restore_server_encoder:
                 self.restore_server()
+        if stopping and stop.signum != signal.SIGABRT:
+            return 128 + stop.signum
         self.finish()
+        return None
 
     def begin(self, checkpoint: Path | None) -> None:
         """Restore ``checkpoint`` (or start a fresh log) and make the server serve the
@@ -276,10 +295,18 @@ class RetrieverRLTrainer:
                 **{k: v for k, v in entry.items() if k not in ("step", "learning_rate")}}
         with (self.output / TRAINER_LOG_FILE).open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(line) + "\n")
-        print(f"[retriever_rl] step {self.step}/{total}: reward {entry['reward']:.3f}, "
-              f"recall {entry.get('recall', float('nan')):.3f}, loss {entry['loss']:.4f}, "
-              f"logprob gap {entry.get('logprob_gap', float('nan')):.2e}, "
-              f"{entry['time/step']:.1f} s", file=sys.stderr, flush=True)
+        summary = (f"[retriever_rl] step {self.step}/{total}: reward {entry['reward']:.3f}, "
+                   f"recall {entry.get('recall', float('nan')):.3f}, loss {entry['loss']:.4f}, "
+                   f"logprob gap {entry.get('logprob_gap', float('nan')):.2e}, "
+                   f"{entry['time/step']:.1f} s")
+        print(summary, file=sys.stderr, flush=True)
+        from mmoa.train.mappo.log import in_web_ui
+
+        if in_web_ui():  # LlamaBoard's log box shows the run's running_log.txt
+            from llamafactory.extras.constants import RUNNING_LOG
+
+            with (self.output / RUNNING_LOG).open("a", encoding="utf-8") as handle:
+                handle.write(summary + "\n")
 
     # --------------------------------------------------------------------- checkpoints
 
@@ -327,15 +354,28 @@ class RetrieverRLTrainer:
                           (folder / TRAINER_LOG_FILE).read_text(encoding="utf-8"))
 
 
+def _install_stop_handlers() -> tuple[Any, dict[int, Any]]:
+    """SIGINT, SIGTERM and SIGABRT (LlamaBoard's Abort) ask the loop to stop after the step
+    under way (a second signal ends the process at once); returns the request and the handlers
+    to put back. Outside the main thread signals cannot be caught and none is installed."""
+    from mmoa.train.mappo.trainer import StopRequest
+
+    stop, previous = StopRequest(), {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGABRT):
+        with contextlib.suppress(ValueError):
+            previous[sig] = signal.signal(sig, stop)
+    return stop, previous
+
+
 def _hms(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def run_retriever_rl(config: dict[str, Any]) -> RetrieverRLTrainer:
-    trainer = RetrieverRLTrainer(parse_retriever_rl_args(config))
-    trainer.train()
-    return trainer
+def run_retriever_rl(config: dict[str, Any]) -> int | None:
+    """Train; ``None`` when the run finished (or was aborted from the web UI), else the exit
+    code of the signal that stopped it."""
+    return RetrieverRLTrainer(parse_retriever_rl_args(config)).train()
 
 
 def run_retriever_rl_from_config(config: dict[str, Any]) -> int:
@@ -343,9 +383,9 @@ def run_retriever_rl_from_config(config: dict[str, Any]) -> int:
     from mmoa.retrieval.client import RetrieverRequestError, RetrieverUnavailableError
 
     try:
-        run_retriever_rl(config)
+        code = run_retriever_rl(config)
     except (RetrieverUnavailableError, RetrieverRequestError, ValueError, KeyError,
             FileNotFoundError) as err:
         print(f"[retriever_rl] error: {err}", file=sys.stderr, flush=True)
         return 1
-    return 0
+    return code or 0
