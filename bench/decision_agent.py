@@ -34,7 +34,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from learning_signal import ROOT, _code_version, _last_checkpoint, _run, _train, paired_gain
+from learning_signal import (
+    ROOT,
+    _code_version,
+    _last_checkpoint,
+    _per_question_f1,
+    _run,
+    _train,
+    paired_gain,
+)
 
 from mmoa.fileio import atomic_write_json
 
@@ -70,9 +78,7 @@ def evaluate(args: argparse.Namespace, model: Path, out: Path, policy: str = "mo
           "--retriever_url", args.retriever_url, "--precision", "fp32",
           "--output_dir", str(out)], out / "eval.log")
     metrics = json.loads((out / "metrics.json").read_text())
-    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
-    return {"summary": summary(metrics),
-            "per_question_f1": {r["id"]: float(r["scores"]["f1"]) for r in rows}}
+    return {"summary": summary(metrics), "per_question_f1": _per_question_f1(out)}
 
 
 def summary(metrics: dict[str, Any]) -> dict[str, Any]:
