@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mmoa.agents.pipeline import MODE_AGENTS, MODES
+from mmoa.agents.modes import MODE_AGENTS, MODES
 from mmoa.agents.prompts import generator_prompt, qr_prompt, selector_prompt
 from mmoa.data.loaders import load_qa
 from mmoa.evaluation import EvalConfig, evaluate, format_table, load_metrics

@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import fmean, stdev
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mmoa.agents.pipeline import MODE_AGENTS, MODES, GenerationSettings, RagPipeline, Trace
+from mmoa.agents.modes import MODE_AGENTS, MODES
 from mmoa.data.loaders import AMBIGQA_ANSWER_SETS, DEFAULT_AMBIGQA_ANSWERS
 from mmoa.data.records import QARecord
 from mmoa.data.registry import load_dataset_records
@@ -50,6 +50,9 @@ from mmoa.defaults import (
 from mmoa.fileio import atomic_write_json, atomic_write_jsonl
 from mmoa.metrics import DEFAULT_PROFILE, get_profile, score_answer
 from mmoa.precision import autocast, check_precision_name, resolve_precision
+
+if TYPE_CHECKING:
+    from mmoa.agents.pipeline import Trace
 
 #: The search agent's evaluation mode, beside the three-agent pipeline's ``MODES``.
 SEARCH_AGENT_MODE = "search_agent"
@@ -342,6 +345,8 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
     model, tokenizer = load_for_inference(
         config.model_name_or_path, config.template, config.adapter_name_or_path
     )
+    from mmoa.agents.pipeline import GenerationSettings, RagPipeline
+
     settings = GenerationSettings(do_sample=False, max_new_tokens={
         "qr": config.max_new_tokens_qr, "selector": config.max_new_tokens_selector,
         "generator": config.max_new_tokens_generator,

@@ -27,12 +27,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from mmoa.agents.candidates import Candidate, merge_candidates
 from mmoa.agents.constrained import SelectorLogitsProcessor
+from mmoa.agents.modes import MODES, Mode
 from mmoa.agents.parsers import (
     AnswerParse,
     SelectionParse,
@@ -54,15 +55,6 @@ from mmoa.defaults import MAX_NEW_TOKENS, QR_MAX_SUBQUESTIONS, ROLLOUT_TEMPERATU
 if TYPE_CHECKING:
     from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
 
-Mode = Literal["g", "rag", "s_g", "qr_g", "qr_s_g"]
-MODES: tuple[Mode, ...] = ("g", "rag", "s_g", "qr_g", "qr_s_g")
-MODE_AGENTS: dict[str, tuple[AgentName, ...]] = {
-    "g": ("generator",),
-    "rag": ("generator",),
-    "s_g": ("selector", "generator"),
-    "qr_g": ("qr", "generator"),
-    "qr_s_g": ("qr", "selector", "generator"),
-}
 
 
 class DocumentRetriever(Protocol):

@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from mmoa import defaults
+
+if TYPE_CHECKING:  # imported where used: the server's argument parser needs no torch
+    import torch
 
 #: Largest seed accepted (JSON integers beyond 2**63 lose precision in many clients).
 MAX_SEED = 2**63 - 1
@@ -95,6 +98,8 @@ def plackett_luce_logprob(scores: torch.Tensor, picks: torch.Tensor, alpha: floa
     / alpha`` scaled as logits. Computed in the dtype of ``scores`` (float64 recommended for a
     small ``alpha``).
     """
+    import torch
+
     if scores.shape[:-1] != picks.shape[:-1]:
         raise ValueError(f"scores {tuple(scores.shape)} and picks {tuple(picks.shape)} must "
                          f"agree on every dimension but the last")
@@ -128,6 +133,8 @@ def sample_pool(scores: np.ndarray, k: int, alpha: float, rng: np.random.Generat
     ``scores``: the valid pool scores, best first (as Faiss returns them). What the server
     answers for one query of a sampled request.
     """
+    import torch
+
     positions = gumbel_top_k(scores, k, alpha, rng)
     logprob = plackett_luce_logprob(torch.from_numpy(np.asarray(scores, dtype=np.float64)),
                                     torch.from_numpy(positions.astype(np.int64)), alpha)
