@@ -30,29 +30,30 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from learning_signal import (
+from bench_runs import (
+    RESULT,
     ROOT,
-    _code_version,
-    _last_checkpoint,
-    _per_question_f1,
-    _run,
-    _train,
+    bench_parser,
+    code_version,
+    last_checkpoint,
+    mmoa_cli,
     paired_gain,
+    per_question_f1,
+    print_result,
+    run_logged,
+    stage,
+    train,
+    training_tail,
 )
 
 from mmoa.fileio import atomic_write_json
 
 SFT_CONFIG = "LLaMA-Factory/examples/demo/smollm2_decision_agent_sft.yaml"
 RL_CONFIG = "LLaMA-Factory/examples/demo/smollm2_decision_agent_grpo.yaml"
-RESULT = "result.json"
-
-
-def _cli(*argv: str) -> list[str]:
-    return [sys.executable, "-m", "mmoa.cli", *argv]
+SCRIPT = "bench/decision_agent.py"
 
 
 def prepare_data(args: argparse.Namespace, work: Path) -> None:
@@ -61,9 +62,9 @@ def prepare_data(args: argparse.Namespace, work: Path) -> None:
     if marker.is_file():
         return
     log = work / "data" / "data.log"
-    _run(_cli("data", "decision-sft", "--data_file", f"{args.split_dir}/train.jsonl",
+    run_logged(mmoa_cli("data", "decision-sft", "--data_file", f"{args.split_dir}/train.jsonl",
               "--name", "demo_decision_sft", "--retriever_url", args.retriever_url), log)
-    _run(_cli("data", "mappo", "--data_file", f"{args.split_dir}/train.jsonl",
+    run_logged(mmoa_cli("data", "mappo", "--data_file", f"{args.split_dir}/train.jsonl",
               "--name", "demo_decision_mappo"), log)
     atomic_write_json(marker, {"split_dir": args.split_dir})
 
@@ -72,13 +73,13 @@ def evaluate(args: argparse.Namespace, model: Path, out: Path, policy: str = "mo
              ) -> dict[str, Any]:
     """``evaluate_qr_s_g.py --mode decision_agent`` on the test split; its metrics and the
     per-question F1."""
-    _run([sys.executable, "evaluate/evaluate_qr_s_g.py", "--mode", "decision_agent",
+    run_logged([sys.executable, "evaluate/evaluate_qr_s_g.py", "--mode", "decision_agent",
           "--decision_policy", policy, "--model_name_or_path", str(model),
           "--template", "smollm2", "--data_file", f"{args.split_dir}/test.jsonl",
           "--retriever_url", args.retriever_url, "--precision", "fp32",
           "--output_dir", str(out)], out / "eval.log")
     metrics = json.loads((out / "metrics.json").read_text())
-    return {"summary": summary(metrics), "per_question_f1": _per_question_f1(out)}
+    return {"summary": summary(metrics), "per_question_f1": per_question_f1(out)}
 
 
 def summary(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -92,19 +93,6 @@ def summary(metrics: dict[str, Any]) -> dict[str, Any]:
             "seconds_per_question": metrics.get("seconds_per_question")}
 
 
-def stage(work: Path, name: str, produce: Any) -> dict[str, Any]:
-    """Run ``produce()`` once: its result is kept in ``<work>/<name>/result.json``."""
-    path = work / name / RESULT
-    if path.is_file():
-        return json.loads(path.read_text())
-    started = time.perf_counter()
-    result = produce()
-    result["seconds"] = round(time.perf_counter() - started, 1)
-    result["code"] = _code_version()
-    atomic_write_json(path, result)
-    return result
-
-
 def train_rl(args: argparse.Namespace, warm: Path, output: Path, seed: int, cost: float) -> None:
     """One GRPO run from the warm start, resumed from its last checkpoint."""
     if (output / "model.safetensors").is_file():
@@ -112,17 +100,14 @@ def train_rl(args: argparse.Namespace, warm: Path, output: Path, seed: int, cost
     overrides = [f"model_name_or_path={warm}", f"output_dir={output}", f"seed={seed}",
                  f"max_steps={args.steps}", f"mappo_decision_retrieval_cost={cost}",
                  f"mappo_retriever_url={args.retriever_url}", *args.overrides]
-    if (checkpoint := _last_checkpoint(output)) is not None:
+    if (checkpoint := last_checkpoint(output)) is not None:
         overrides.append(f"resume_from_checkpoint={checkpoint}")
-    _train(RL_CONFIG, overrides, output.parent / "train.log")
+    train(RL_CONFIG, overrides, output.parent / "train.log")
 
 
-def training_tail(output: Path, last: int = 3) -> dict[str, float]:
-    """Mean of the last logged steps' reward and retrieval keys (the trainer's own log)."""
-    rows = [json.loads(line) for line in (output / "trainer_log.jsonl").read_text().splitlines()
-            if line.strip()][-last:]
-    keys = sorted({k for r in rows for k in r if k == "reward" or k.startswith("decision/")})
-    return {k: sum(r[k] for r in rows if k in r) / sum(k in r for r in rows) for k in keys}
+def _decision_key(key: str) -> bool:
+    """The trainer-log keys the table's training columns read: the reward and the decisions."""
+    return key == "reward" or key.startswith("decision/")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -135,16 +120,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def warm_start() -> dict[str, Any]:
         if not (warm / "model.safetensors").is_file():
-            _train(SFT_CONFIG, [f"output_dir={warm}", *args.sft_overrides],
+            train(SFT_CONFIG, [f"output_dir={warm}", *args.sft_overrides],
                    warm.parent / "train.log")
         return evaluate(args, warm, warm.parent / "eval")
 
-    result: dict[str, Any] = {"config": {**vars(args), "code": _code_version()}, "runs": {}}
+    result: dict[str, Any] = {"config": {**vars(args), "code": code_version(SCRIPT)}, "runs": {}}
     runs = result["runs"]
-    runs["sft"] = stage(work, "sft", warm_start)
+    runs["sft"] = stage(work, "sft", warm_start, SCRIPT)
     for policy in ("always", "never"):
         runs[policy] = stage(work, policy, lambda p=policy: evaluate(
-            args, warm, work / p / "eval", policy=p))
+            args, warm, work / p / "eval", policy=p), SCRIPT)
     plan = [(args.cost, seed) for seed in args.seeds] + [(c, args.seeds[0])
                                                           for c in args.curve_costs]
     for cost, seed in plan:
@@ -154,10 +139,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             output = work / name / "model"
             train_rl(args, warm, output, seed, cost)
             out = evaluate(args, output, work / name / "eval")
-            out.update(seed=seed, cost=cost, training=training_tail(output))
+            out.update(seed=seed, cost=cost, training=training_tail(output, _decision_key))
             return out
 
-        runs[name] = stage(work, name, rl)
+        runs[name] = stage(work, name, rl, SCRIPT)
         print(f"[{name}] {_line(runs[name])}", flush=True)
         if args.json_out:
             atomic_write_json(ROOT / args.json_out, public(result))
@@ -212,8 +197,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser = bench_parser(__doc__, "saves/bench/decision_agent_runs")
     parser.add_argument("--cost", type=float, default=0.2,
                         help="the retrieval cost of the seeded runs (SmartRAG's)")
     parser.add_argument("--curve-costs", dest="curve_costs", type=float, nargs="*",
@@ -222,16 +206,10 @@ def main() -> None:
                              "retrieval-rate curve)")
     parser.add_argument("--steps", type=int, default=12, help="GRPO steps per run")
     parser.add_argument("--split-dir", dest="split_dir", default="data/demo_decision")
-    parser.add_argument("--retriever-url", dest="retriever_url", default="http://127.0.0.1:8000")
-    parser.add_argument("--work-dir", dest="work_dir", default="saves/bench/decision_agent_runs")
     parser.add_argument("--sft-override", dest="sft_overrides", action="append", default=[],
                         help="key=value for the warm-start config (repeatable)")
-    parser.add_argument("--json-out", dest="json_out")
-    parser.add_argument("overrides", nargs="*", help="extra key=value for the GRPO config")
-    args = parser.parse_args()
-    result = run(args)
-    print(json.dumps(result, indent=2))
-    print(format_table(result))
+    result = run(parser.parse_args())
+    print_result(result, format_table(result))
 
 
 if __name__ == "__main__":

@@ -50,17 +50,25 @@ import json
 import math
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
+from bench_runs import (
+    RESULT,
+    ROOT,
+    code_version,
+    last_checkpoint,
+    paired_gain,
+    per_question_f1,
+    run_logged,
+    train,
+)
 
 from mmoa.fileio import atomic_write_json
 
-ROOT = Path(__file__).resolve().parents[1]
 AGENTS = ("qr", "selector", "generator")
 MODELS = {
     # name: (base model, template, SFT config, MAPPO config)
@@ -75,7 +83,6 @@ MODELS = {
 #: ``mappo_algorithm: grpo``, 4 questions x group size 4 = the same 16 pipelines a step.
 GRPO_CONFIGS = {"smollm2": "LLaMA-Factory/examples/demo/smollm2_full_grpo.yaml",
                 "tiny": "LLaMA-Factory/examples/demo/tiny_full_grpo.yaml"}
-RESULT = "result.json"
 
 
 def rl_config(args: argparse.Namespace) -> str:
@@ -83,28 +90,6 @@ def rl_config(args: argparse.Namespace) -> str:
     return GRPO_CONFIGS[args.model] if args.algorithm == "grpo" else MODELS[args.model][3]
 #: Seeds the target is judged on ("MAPPO above the warm start in 3 of 3 seeds").
 TARGET_SEEDS = 3
-
-
-def _run(command: list[str], log: Path) -> None:
-    """One stage, its output appended to ``log`` (the bench prints one line per stage)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("a") as handle:
-        handle.write(f"\n$ {' '.join(command)}\n")
-        handle.flush()
-        result = subprocess.run(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT,
-                                check=False)
-    if result.returncode != 0:
-        raise SystemExit(f"failed ({result.returncode}): {' '.join(command)}\n  see {log}")
-
-
-def _train(config: str, overrides: list[str], log: Path) -> None:
-    _run([sys.executable, "-m", "mmoa.cli", "train", config, *overrides], log)
-
-
-def _last_checkpoint(output_dir: Path) -> Path | None:
-    checkpoints = [p for p in output_dir.glob("checkpoint-*") if p.is_dir()
-                   and p.name.split("-")[-1].isdigit()]
-    return max(checkpoints, key=lambda p: int(p.name.split("-")[-1])) if checkpoints else None
 
 
 def _rollout_limits(mappo_config: str) -> list[str]:
@@ -123,13 +108,8 @@ def _evaluate(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any
                "--output_dir", str(out)]
     if args.max_eval:
         command += ["--max_samples", str(args.max_eval)]
-    _run(command, out / "eval.log")
+    run_logged(command, out / "eval.log")
     return json.loads((out / "metrics.json").read_text())
-
-
-def _per_question_f1(eval_dir: Path) -> dict[str, float]:
-    rows = [json.loads(line) for line in (eval_dir / "predictions.jsonl").read_text().splitlines()]
-    return {row["id"]: float(row["scores"]["f1"]) for row in rows}
 
 
 def weights_digest(model_dir: Path) -> str:
@@ -202,21 +182,6 @@ def _training_tail(output_dir: Path, last: int = 5) -> dict[str, float]:
             if any(k in r for r in rows)}
 
 
-def _code_version() -> str:
-    """The commit the run trains with (``+dirty`` with uncommitted changes): runs of one table
-    must come from the same trainer code, and a resumed bench may span sessions."""
-    def git(*argv: str) -> str:
-        out = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True,
-                             check=False)
-        return out.stdout.strip() if out.returncode == 0 else ""
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    # the code a run depends on; the results this bench writes are not
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", "LLaMA-Factory",
-                  "evaluate", "bench/learning_signal.py")
-    return commit + ("+dirty" if changed else "")
-
-
 def _done(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / RESULT
     return json.loads(path.read_text()) if path.is_file() else None
@@ -239,7 +204,7 @@ def warm_start(args: argparse.Namespace, work: Path,
     model = Path(args.warm_start) if args.warm_start else run_dir / "sft"
     if not args.warm_start:
         base, _, sft_config, _ = MODELS[args.model]
-        _train(sft_config, [f"model_name_or_path={args.base_model or base}", "seed=42",
+        train(sft_config, [f"model_name_or_path={args.base_model or base}", "seed=42",
                             f"output_dir={model}", *args.sft_overrides, *args.overrides],
                run_dir / "train.log")
     digest = weights_digest(model)
@@ -255,7 +220,7 @@ def warm_start(args: argparse.Namespace, work: Path,
         return _finish(run_dir, record, started)
     metrics = _evaluate(model, args, run_dir / "eval")
     record.update(test=_summary(metrics, run_dir / "eval"),
-                  per_question_f1=_per_question_f1(run_dir / "eval"))
+                  per_question_f1=per_question_f1(run_dir / "eval"))
     return _finish(run_dir, record, started)
 
 
@@ -296,13 +261,13 @@ def mappo_run(args: argparse.Namespace, work: Path, name: str, seed: int, agents
     code = run_dir / "code_version.txt"  # the commit the run started with
     if not code.is_file():
         run_dir.mkdir(parents=True, exist_ok=True)
-        code.write_text(_code_version() + "\n")
+        code.write_text(code_version("bench/learning_signal.py") + "\n")
     if not trained.exists():
-        checkpoint = _last_checkpoint(output)
+        checkpoint = last_checkpoint(output)
         if checkpoint is not None:
             print(f"[{name}] resuming from {checkpoint}", flush=True)
             overrides += [f"resume_from_checkpoint={checkpoint}", "overwrite_output_dir=false"]
-        _train(mappo_config, overrides, run_dir / "train.log")
+        train(mappo_config, overrides, run_dir / "train.log")
         trained.touch()
         for checkpoint in output.glob("checkpoint-*"):  # the final model is in output itself
             shutil.rmtree(checkpoint)
@@ -311,16 +276,8 @@ def mappo_run(args: argparse.Namespace, work: Path, name: str, seed: int, agents
                              "model": str(output),
                              "code_version": code.read_text().strip(),
                              "test": _summary(metrics, run_dir / "eval"),
-                             "per_question_f1": _per_question_f1(run_dir / "eval"),
+                             "per_question_f1": per_question_f1(run_dir / "eval"),
                              "training_last_steps": _training_tail(output)}, started)
-
-
-def paired_gain(sft: dict[str, float], mappo: dict[str, float]) -> dict[str, float]:
-    """Mean per-question F1 gain of MAPPO over SFT on the same questions and its standard error
-    (paired: the question-to-question spread that both runs share cancels out)."""
-    diffs = [mappo[q] - sft[q] for q in sft if q in mappo]
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
-    return {"gain": statistics.fmean(diffs), "gain_se": se, "n": len(diffs)}
 
 
 def pooled_gain(sft: dict[str, float], runs: list[dict[str, float]]) -> dict[str, float]:

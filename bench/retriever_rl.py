@@ -35,13 +35,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from learning_signal import ROOT, _code_version, _last_checkpoint, _train, paired_gain
+from bench_runs import (
+    RESULT,
+    ROOT,
+    bench_parser,
+    code_version,
+    last_checkpoint,
+    paired_gain,
+    print_result,
+    train,
+)
 
 from mmoa.fileio import atomic_write_json
 
 CONFIG = "LLaMA-Factory/examples/demo/smollm2_retriever_rl.yaml"
 ARMS = {"plain": False, "history": True}
-RESULT = "result.json"
 
 
 def measure(args: argparse.Namespace, client: Any, generator: Any, encoder: Path | None,
@@ -65,7 +73,7 @@ def measure(args: argparse.Namespace, client: Any, generator: Any, encoder: Path
         client.reload_encoder(None)
 
 
-def train(args: argparse.Namespace, run_dir: Path, seed: int, history: bool) -> Path:
+def train_encoder(args: argparse.Namespace, run_dir: Path, seed: int, history: bool) -> Path:
     """One ``retriever_rl`` run (resumed from its last checkpoint); returns its encoder."""
     output = run_dir / "train"
     overrides = [f"output_dir={output}", f"seed={seed}", f"max_steps={args.steps}",
@@ -80,10 +88,10 @@ def train(args: argparse.Namespace, run_dir: Path, seed: int, history: bool) -> 
     encoder = output / "encoder"
     if encoder.is_dir():  # trained before the run's measurement was interrupted
         return encoder
-    checkpoint = _last_checkpoint(output)
+    checkpoint = last_checkpoint(output)
     if checkpoint is not None:
         overrides.append(f"resume_from_checkpoint={checkpoint}")
-    _train(CONFIG, overrides, run_dir / "train.log")
+    train(CONFIG, overrides, run_dir / "train.log")
     return encoder
 
 
@@ -118,8 +126,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     client = RetrievalClient(args.retriever_url, timeout=120)
     client.wait_until_ready(timeout=60)
     generator = frozen_generator(args.model, "smollm2", args.max_new_tokens, 16)
-    result: dict[str, Any] = {"config": {**vars(args),
-                                         "config_file": CONFIG, "code": _code_version()},
+    result: dict[str, Any] = {"config": {**vars(args), "config_file": CONFIG,
+                                         "code": code_version("bench/retriever_rl.py")},
                               "arms": {}}
     frozen: dict[str, Any] = {}
     for arm in args.arms:  # every arm's frozen encoder first, then the seeds arm by arm
@@ -137,7 +145,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             done = _load(run_dir)
             if done is None:
                 started = time.perf_counter()
-                encoder = train(args, run_dir, seed, ARMS[arm])
+                encoder = train_encoder(args, run_dir, seed, ARMS[arm])
                 done = {"seed": seed, "training": training_figures(encoder.parent),
                         "measure": measure(args, client, generator, encoder, ARMS[arm])}
                 done["gains"] = gains(frozen[arm]["measure"], done["measure"])
@@ -200,11 +208,10 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__, "saves/bench/retriever_rl_runs")
     parser.add_argument("--model", default="saves/smollm2-135m/full/sft",
                         help="the frozen generator (the SmolLM2 warm start)")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--reward", choices=["recall", "f1"], default="recall",
                         help="the training reward: gold-passage recall of the picks (the demo "
                              "world knows them; no generator in training) or answer F1 (HARR)")
@@ -215,16 +222,10 @@ def main() -> None:
                         help="passages per round (the config's retriever_top_k)")
     parser.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=16,
                         help="the generator's answer length (the demo MAPPO config's)")
-    parser.add_argument("--retriever-url", dest="retriever_url", default="http://127.0.0.1:8000")
     parser.add_argument("--dev-file", dest="dev_file", default="data/demo/dev.jsonl")
     parser.add_argument("--test-file", dest="test_file", default="data/demo/test.jsonl")
-    parser.add_argument("--work-dir", dest="work_dir", default="saves/bench/retriever_rl_runs")
-    parser.add_argument("--json-out", dest="json_out")
-    parser.add_argument("overrides", nargs="*", help="extra key=value for the training config")
-    args = parser.parse_args()
-    result = run(args)
-    print(json.dumps(result, indent=2))
-    print(format_table(result))
+    result = run(parser.parse_args())
+    print_result(result, format_table(result))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def bench():
+    # the bench scripts import their shared helpers (bench/bench_runs.py) as a sibling module
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))
     spec = importlib.util.spec_from_file_location("learning_signal",
                                                   ROOT / "bench" / "learning_signal.py")
     module = importlib.util.module_from_spec(spec)

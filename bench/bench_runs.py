@@ -1,0 +1,129 @@
+"""What the long training benches share: running a stage with its output in a log, training
+through ``mmoa-cli``, resuming from the last checkpoint, keeping each finished stage's result on
+disk, paired per-question gains, and the command line every such bench starts from.
+
+The benches (``learning_signal.py``, ``decision_agent.py``, ``retriever_rl.py``,
+``search_agent.py``) run for hours on a CPU and span sessions, so each stage writes
+``<work-dir>/<stage>/result.json`` when it is done and a later invocation skips it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mmoa.fileio import atomic_write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = "result.json"
+
+
+def run_logged(command: list[str], log: Path) -> None:
+    """One stage, its output appended to ``log`` (the bench prints one line per stage)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as handle:
+        handle.write(f"\n$ {' '.join(command)}\n")
+        handle.flush()
+        result = subprocess.run(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT,
+                                check=False)
+    if result.returncode != 0:
+        raise SystemExit(f"failed ({result.returncode}): {' '.join(command)}\n  see {log}")
+
+
+def mmoa_cli(*argv: str) -> list[str]:
+    """``mmoa-cli ARGV`` with this interpreter (the bench's virtual environment)."""
+    return [sys.executable, "-m", "mmoa.cli", *argv]
+
+
+def train(config: str, overrides: list[str], log: Path) -> None:
+    """``mmoa-cli train CONFIG key=value ...``, its output in ``log``."""
+    run_logged(mmoa_cli("train", config, *overrides), log)
+
+
+def last_checkpoint(output_dir: Path) -> Path | None:
+    """The ``checkpoint-N`` folder with the largest N, or None."""
+    checkpoints = [p for p in output_dir.glob("checkpoint-*") if p.is_dir()
+                   and p.name.split("-")[-1].isdigit()]
+    return max(checkpoints, key=lambda p: int(p.name.split("-")[-1])) if checkpoints else None
+
+
+def per_question_f1(eval_dir: Path) -> dict[str, float]:
+    """Question id -> F1, from an evaluation's ``predictions.jsonl``."""
+    rows = [json.loads(line) for line in (eval_dir / "predictions.jsonl").read_text().splitlines()]
+    return {row["id"]: float(row["scores"]["f1"]) for row in rows}
+
+
+def paired_gain(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean per-question F1 gain of ``after`` over ``before`` on the questions both scored, and
+    its standard error (paired: the question-to-question spread both runs share cancels out)."""
+    diffs = [after[q] - before[q] for q in before if q in after]
+    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+    return {"gain": statistics.fmean(diffs), "gain_se": se, "n": len(diffs)}
+
+
+def code_version(script: str) -> str:
+    """The commit a run trains with (``+dirty`` when the library, the evaluation or ``script``
+    has uncommitted changes): runs of one table must come from the same trainer code, and a
+    resumed bench may span sessions."""
+    def git(*argv: str) -> str:
+        out = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True,
+                             check=False)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    # the code a run depends on; the results the bench writes are not
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", "LLaMA-Factory",
+                  "evaluate", script)
+    return commit + ("+dirty" if changed else "")
+
+
+def stage(work: Path, name: str, produce: Callable[[], dict[str, Any]], script: str
+          ) -> dict[str, Any]:
+    """Run ``produce()`` once: its result, with the seconds it took and the code version, is
+    kept in ``<work>/<name>/result.json`` and read back by every later call."""
+    path = work / name / RESULT
+    if path.is_file():
+        return json.loads(path.read_text())
+    started = time.perf_counter()
+    result = produce()
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    result["code"] = code_version(script)
+    atomic_write_json(path, result)
+    return result
+
+
+def training_tail(output: Path, keep: Callable[[str], bool], last: int = 3) -> dict[str, float]:
+    """Mean over the last ``last`` logged steps of the trainer-log keys ``keep`` accepts."""
+    log = output / "trainer_log.jsonl"
+    if not log.is_file():
+        return {}
+    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()][-last:]
+    keys = sorted({k for r in rows for k in r if keep(k)})
+    return {k: statistics.fmean(r[k] for r in rows if k in r) for k in keys}
+
+
+def bench_parser(doc: str, work_dir: str, seeds: tuple[int, ...] = (1, 2, 3)
+                 ) -> argparse.ArgumentParser:
+    """The options every training bench has: seeds, the retrieval server, the work folder,
+    the JSON out, and key=value overrides of its RL config."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(seeds))
+    parser.add_argument("--retriever-url", dest="retriever_url", default="http://127.0.0.1:8000")
+    parser.add_argument("--work-dir", dest="work_dir", default=work_dir)
+    parser.add_argument("--json-out", dest="json_out", help="also write the JSON here")
+    parser.add_argument("overrides", nargs="*", help="extra key=value for the RL config")
+    return parser
+
+
+def print_result(result: dict[str, Any], table: str) -> None:
+    """The bench's output: one JSON object, then its table."""
+    print(json.dumps(result, indent=2))
+    print(table)
