@@ -101,11 +101,16 @@ def stage(work: Path, name: str, produce: Callable[[], dict[str, Any]], script: 
 
 
 def training_tail(output: Path, keep: Callable[[str], bool], last: int = 3) -> dict[str, float]:
-    """Mean over the last ``last`` logged steps of the trainer-log keys ``keep`` accepts."""
-    log = output / "trainer_log.jsonl"
-    if not log.is_file():
+    """Mean over the last ``last`` RL steps of the logged keys ``keep`` accepts.
+
+    Read from ``trainer_state.json`` (every key the trainer logged per step); the
+    ``trainer_log.jsonl`` beside it is the web UI's progress log and holds only the loss and
+    the reward."""
+    state = output / "trainer_state.json"
+    if not state.is_file():
         return {}
-    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()][-last:]
+    rows = [entry for entry in json.loads(state.read_text())["log_history"]
+            if "reward" in entry][-last:]
     keys = sorted({k for r in rows for k in r if keep(k)})
     return {k: statistics.fmean(r[k] for r in rows if k in r) for k in keys}
 

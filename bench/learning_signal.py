@@ -65,6 +65,7 @@ from bench_runs import (
     per_question_f1,
     run_logged,
     train,
+    training_tail,
 )
 
 from mmoa.fileio import atomic_write_json
@@ -171,15 +172,14 @@ def _summary(metrics: dict[str, Any], eval_dir: Path) -> dict[str, Any]:
     }
 
 
+#: The logged keys a MAPPO run's last steps are summarised by (rollout F1, reward, KL, step
+#: time and each agent's penalty rate).
+TAIL_KEYS = ("answer_f1", "reward", "kl", "time/step", *(f"penalty_rate/{a}" for a in AGENTS))
+
+
 def _training_tail(output_dir: Path, last: int = 5) -> dict[str, float]:
-    """Mean of the last ``last`` logged MAPPO steps: rollout F1, penalty rates, KL, step time."""
-    log = output_dir / "trainer_log.jsonl"
-    if not log.is_file():
-        return {}
-    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()][-last:]
-    keys = ["answer_f1", "reward", "kl", "time/step", *(f"penalty_rate/{a}" for a in AGENTS)]
-    return {k: statistics.fmean(r[k] for r in rows if k in r) for k in keys
-            if any(k in r for r in rows)}
+    """Mean of the last ``last`` logged MAPPO steps of :data:`TAIL_KEYS`."""
+    return training_tail(output_dir, TAIL_KEYS.__contains__, last)
 
 
 def _done(run_dir: Path) -> dict[str, Any] | None:

@@ -1,0 +1,70 @@
+"""The training benches' shared bookkeeping (bench/bench_runs.py): what a run's last steps are
+summarised by, which checkpoint a run resumes from, and that a finished stage is not run
+again."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))
+    import bench_runs
+
+    return bench_runs
+
+
+def test_training_tail_reads_every_logged_key_of_the_last_steps(runs, tmp_path: Path) -> None:
+    history = [
+        {"step": 1, "reward": 0.1, "search/turns": 1.0, "loss": 0.5},
+        {"step": 2, "reward": 0.3, "search/turns": 2.0, "loss": 0.4},
+        {"step": 3, "reward": 0.5, "search/turns": 4.0},
+        {"train_runtime": 12.0, "train_loss": 0.45},  # the end-of-training summary
+    ]
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    # the web UI's progress log has only the reward: the tail must not be read from it
+    (tmp_path / "trainer_log.jsonl").write_text('{"reward": 9.0}\n')
+    tail = runs.training_tail(tmp_path, lambda k: k == "reward" or k.startswith("search/"),
+                              last=2)
+    assert tail == pytest.approx({"reward": 0.4, "search/turns": 3.0})
+    assert runs.training_tail(tmp_path / "missing", lambda k: True) == {}
+
+
+def test_last_checkpoint_is_the_highest_step(runs, tmp_path: Path) -> None:
+    assert runs.last_checkpoint(tmp_path) is None
+    for name in ("checkpoint-3", "checkpoint-12", "checkpoint-9", "checkpoint-x"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "checkpoint-20").write_text("a file, not a checkpoint")
+    assert runs.last_checkpoint(tmp_path) == tmp_path / "checkpoint-12"
+
+
+def test_a_finished_stage_is_read_back_not_run_again(runs, tmp_path: Path) -> None:
+    calls = []
+
+    def produce() -> dict:
+        calls.append(1)
+        return {"f1": 0.5}
+
+    first = runs.stage(tmp_path, "sft", produce, "bench/search_agent.py")
+    second = runs.stage(tmp_path, "sft", produce, "bench/search_agent.py")
+    assert calls == [1]
+    assert first == second and first["f1"] == 0.5 and "seconds" in first and "code" in first
+    assert json.loads((tmp_path / "sft" / "result.json").read_text()) == first
+
+
+def test_paired_gain_by_hand(runs) -> None:
+    before = {"a": 0.0, "b": 1.0, "c": 0.5}
+    after = {"a": 1.0, "b": 1.0, "c": 0.0, "d": 1.0}  # d: not in before, left out
+    gain = runs.paired_gain(before, after)
+    # diffs 1, 0, -0.5: mean 1/6, sample sd sqrt(((5/6)^2 + (1/6)^2 + (2/3)^2) / 2) = 0.7638
+    assert gain["gain"] == pytest.approx(1 / 6)
+    assert gain["gain_se"] == pytest.approx(0.76376 / 3 ** 0.5, rel=1e-4)
+    assert gain["n"] == 3
