@@ -1,0 +1,266 @@
+"""Warm-start data by tree search (TOA) on the demo world: label quality, then the warm starts.
+
+Three datasets label the same training questions (the first ``--questions`` of the demo train
+split, candidates ``--k`` as the demo):
+
+* ``heuristic``: ``mmoa-cli data sft`` (the demo's labels: sub-questions from the question,
+  documents by answer-word overlap, the gold answer);
+* ``best_of_n`` and ``toa``: ``mmoa-cli data toa --baselines`` over ``--model`` specs at the same
+  budget (``--samples-per-model`` x models per question and agent), the agents' rewards of
+  docs/toa.md, generation limits of the demo MAPPO config.
+
+Then, per dataset and seed, a warm start (the demo SFT config from SmolLM2-135M-Instruct on
+that dataset) evaluated on the demo test split (three-agent pipeline, the MAPPO config's
+limits), and MAPPO (the demo config) from the best dataset's first-seed warm start. The table:
+label quality (QR gold recall, Selector precision / recall, answer EM / F1, which model won),
+test F1 of each warm start (mean over seeds) and of MAPPO after the best, with paired gains.
+
+Resumable: each finished stage writes ``<work-dir>/<stage>/result.json`` and is skipped next
+time; MAPPO resumes from its last checkpoint. Needs the demo world and its index served::
+
+    bash run_server.sh --index data/demo/index &
+    python bench/toa_data.py --questions 100 --seeds 1 2 3 \\
+        --json-out bench/results/toa_data_smollm2.json
+
+Prints one JSON object and a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from bench_runs import (
+    ROOT,
+    bench_parser,
+    code_version,
+    last_checkpoint,
+    mmoa_cli,
+    paired_gain,
+    per_question_f1,
+    print_result,
+    run_logged,
+    stage,
+    train,
+)
+
+from mmoa.fileio import atomic_write_json
+
+SFT_CONFIG = "LLaMA-Factory/examples/demo/smollm2_full_sft.yaml"
+MAPPO_CONFIG = "LLaMA-Factory/examples/demo/smollm2_full_mappo.yaml"
+SCRIPT = "bench/toa_data.py"
+DATASETS = ("heuristic", "best_of_n", "toa")
+#: The models of the search: zero-shot SmolLM2 plainly and with the careful prompt, and the
+#: demo warm start (trained on the heuristic labels of the whole train split).
+DEFAULT_MODELS = (
+    "name=smol,path=models/smollm2-135m-instruct,template=smollm2",
+    "name=smol_careful,path=models/smollm2-135m-instruct,template=smollm2,variant=careful",
+    "name=warm,path=saves/smollm2-135m/full/sft,template=smollm2",
+)
+AGENTS = ("qr", "selector", "generator")
+
+
+def _limits() -> dict[str, int]:
+    """The demo MAPPO config's new-token limits per agent: what the agents generate in RL."""
+    config = yaml.safe_load((ROOT / MAPPO_CONFIG).read_text())
+    return {agent: int(config[f"mappo_max_new_tokens_{agent}"]) for agent in AGENTS}
+
+
+def dataset_name(args: argparse.Namespace, dataset: str) -> str:
+    """The registered name of a dataset (``data toa`` names the other method NAME_<method>)."""
+    return {"heuristic": f"{args.name}_heuristic", "toa": args.name,
+            "best_of_n": f"{args.name}_best_of_n"}[dataset]
+
+
+def make_data(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """The three datasets of the same questions and the label-quality report."""
+    log = work / "data" / "data.log"
+    common = ["--data_file", f"{args.world_dir}/train.jsonl", "--max_samples",
+              str(args.questions), "--k", str(args.k), "--retriever_url", args.retriever_url]
+    run_logged(mmoa_cli("data", "sft", *common, "--name", dataset_name(args, "heuristic")), log)
+    report = work / "data" / "label_quality.json"
+    command = mmoa_cli("data", "toa", *common, "--name", args.name, "--baselines",
+                       "--samples_per_model", str(args.samples_per_model),
+                       "--report", str(report), "--no_progress")
+    for spec in args.models:
+        command += ["--model", spec]
+    for agent, limit in _limits().items():
+        command += [f"--max_new_tokens_{agent}", str(limit)]
+    run_logged(command, log)
+    return json.loads(report.read_text())
+
+
+def evaluate(args: argparse.Namespace, model: Path, out: Path) -> dict[str, Any]:
+    """The three-agent pipeline on the test split, as the demo MAPPO run generates."""
+    command = [sys.executable, "evaluate/evaluate_qr_s_g.py", "--mode", "qr_s_g",
+               "--model_name_or_path", str(model), "--template", "smollm2",
+               "--data_file", f"{args.world_dir}/test.jsonl", "--k", str(args.k),
+               "--retriever_url", args.retriever_url, "--precision", args.precision,
+               "--output_dir", str(out)]
+    for agent, limit in _limits().items():
+        command += [f"--max_new_tokens_{agent}", str(limit)]
+    if args.max_eval:
+        command += ["--max_samples", str(args.max_eval)]
+    run_logged(command, out / "eval.log")
+    metrics = json.loads((out / "metrics.json").read_text())
+    selector = metrics["agents"].get("selector", {})
+    return {"test": {"f1": metrics["f1"], "f1_se": metrics["f1_se"], "em": metrics["em"],
+                     "selector_support_precision": selector.get("support_precision"),
+                     "selector_support_recall": selector.get("support_recall"),
+                     "mean_selected": selector.get("mean_selected"),
+                     "num_questions": metrics["num_questions"]},
+            "per_question_f1": per_question_f1(out)}
+
+
+def warm_start(args: argparse.Namespace, work: Path, dataset: str, seed: int
+               ) -> dict[str, Any]:
+    output = work / f"sft-{dataset}-seed{seed}" / "model"
+    if not (output / "model.safetensors").is_file():
+        train(SFT_CONFIG, [f"dataset={dataset_name(args, dataset)}", f"seed={seed}",
+                           f"output_dir={output}", f"max_steps={args.sft_steps}",
+                           *args.sft_overrides], output.parent / "train.log")
+    return {**evaluate(args, output, output.parent / "eval"), "dataset": dataset, "seed": seed,
+            "model": str(output)}
+
+
+def mappo(args: argparse.Namespace, work: Path, warm: str) -> dict[str, Any]:
+    output = work / "mappo" / "model"
+    if not (output / "model.safetensors").is_file():
+        overrides = [f"model_name_or_path={warm}", f"output_dir={output}",
+                     f"seed={args.seeds[0]}", f"mappo_retriever_url={args.retriever_url}",
+                     *args.overrides]
+        if (checkpoint := last_checkpoint(output)) is not None:
+            overrides += [f"resume_from_checkpoint={checkpoint}", "overwrite_output_dir=false"]
+        train(MAPPO_CONFIG, overrides, output.parent / "train.log")
+    for checkpoint in output.glob("checkpoint-*"):  # the final model is in output itself
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    return {**evaluate(args, output, output.parent / "eval"), "warm_start": warm}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from mmoa.retrieval.client import RetrievalClient
+
+    work = ROOT / args.work_dir
+    RetrievalClient(args.retriever_url, timeout=120).wait_until_ready(timeout=60)
+    result: dict[str, Any] = {"config": {**vars(args), "code": code_version(SCRIPT)},
+                              "data": stage(work, "data", lambda: make_data(args, work), SCRIPT),
+                              "warm_starts": {}}
+
+    def record() -> None:
+        if args.json_out:
+            atomic_write_json(ROOT / args.json_out, public(result))
+
+    record()
+    for seed in args.seeds:  # every dataset's first seed before any second seed
+        for dataset in DATASETS:
+            name = f"sft-{dataset}-seed{seed}"
+            result["warm_starts"][name] = stage(
+                work, name, lambda d=dataset, s=seed: warm_start(args, work, d, s), SCRIPT)
+            print(f"[{name}] test F1 {100 * result['warm_starts'][name]['test']['f1']:.1f}",
+                  flush=True)
+            record()
+    if args.mappo:
+        best = best_dataset(result)
+        warm = result["warm_starts"][f"sft-{best}-seed{args.seeds[0]}"]
+        result["mappo"] = stage(work, "mappo", lambda: mappo(args, work, warm["model"]), SCRIPT)
+        result["mappo"]["dataset"] = best
+        print(f"[mappo after {best}] test F1 {100 * result['mappo']['test']['f1']:.1f}",
+              flush=True)
+        record()
+    return public(result)
+
+
+def mean_f1(result: dict[str, Any], dataset: str) -> float:
+    runs = [r for r in result["warm_starts"].values() if r["dataset"] == dataset]
+    return statistics.fmean(r["test"]["f1"] for r in runs) if runs else float("nan")
+
+
+def best_dataset(result: dict[str, Any]) -> str:
+    """The dataset whose warm starts score the highest mean test F1 over the seeds."""
+    return max(DATASETS, key=lambda d: mean_f1(result, d))
+
+
+def public(result: dict[str, Any]) -> dict[str, Any]:
+    """The JSON written out: label quality, each warm start's test figures with its paired gain
+    over the heuristic warm start of the same seed, and MAPPO's gain over its warm start."""
+    out: dict[str, Any] = {"config": result["config"], "data": result["data"],
+                           "warm_starts": {}, "mean_f1": {}}
+    starts = result["warm_starts"]
+    for name, run in starts.items():
+        entry = {k: v for k, v in run.items() if k != "per_question_f1"}
+        base = starts.get(f"sft-heuristic-seed{run['seed']}")
+        if base is not None and run["dataset"] != "heuristic":
+            entry["gain_over_heuristic"] = paired_gain(base["per_question_f1"],
+                                                       run["per_question_f1"])
+        out["warm_starts"][name] = entry
+    out["mean_f1"] = {d: mean_f1(result, d) for d in DATASETS
+                      if any(r["dataset"] == d for r in starts.values())}
+    if "mappo" in result:
+        run = result["mappo"]
+        warm = next(r for r in starts.values() if r["model"] == run["warm_start"])
+        out["mappo"] = {**{k: v for k, v in run.items() if k != "per_question_f1"},
+                        "gain_over_warm_start": paired_gain(warm["per_question_f1"],
+                                                            run["per_question_f1"])}
+    return out
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def format_table(result: dict[str, Any]) -> str:
+    lines = ["| labels | QR gold R | Sel P | Sel R | #sel | ans EM | ans F1 | warm-start test F1 "
+             "(mean of seeds) | seeds |", "| --- |" + " ---: |" * 8]
+    quality = {q["method"]: q for q in result["data"]["label_quality"]}
+    for dataset in DATASETS:
+        q = quality.get(dataset, {})
+        seeds = [r for r in result["warm_starts"].values() if r["dataset"] == dataset]
+        lines.append(
+            f"| {dataset} | {_pct(q.get('qr_support_recall'))} | "
+            f"{_pct(q.get('selector_precision'))} | {_pct(q.get('selector_recall'))} | "
+            f"{q.get('mean_selected', 0):.2f} | {_pct(q.get('answer_em'))} | "
+            f"{_pct(q.get('answer_f1'))} | {_pct(result['mean_f1'].get(dataset))} | "
+            + ", ".join(_pct(r["test"]["f1"]) for r in seeds) + " |")
+    if "mappo" in result:
+        m = result["mappo"]
+        gain = m["gain_over_warm_start"]
+        lines.append(f"MAPPO after the best warm start ({m['dataset']}): test F1 "
+                     f"{_pct(m['test']['f1'])} ({100 * gain['gain']:+.1f} +- "
+                     f"{100 * gain['gain_se']:.1f} over it)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = bench_parser(__doc__, "saves/bench/toa_data_runs")
+    parser.add_argument("--questions", type=int, default=100,
+                        help="training questions the three datasets label")
+    parser.add_argument("--model", dest="models", action="append",
+                        help="a model of the search (data toa's SPEC; repeatable; default: "
+                             "zero-shot SmolLM2, its careful variant and the demo warm start)")
+    parser.add_argument("--samples-per-model", dest="samples_per_model", type=int, default=2)
+    parser.add_argument("--name", default="toa_bench", help="the datasets' registered name")
+    parser.add_argument("--k", type=int, default=5, help="candidates per question (the demo's)")
+    parser.add_argument("--sft-steps", dest="sft_steps", type=int, default=20,
+                        help="warm-start steps (the demo config's)")
+    parser.add_argument("--no-mappo", dest="mappo", action="store_false",
+                        help="stop after the warm starts")
+    parser.add_argument("--world-dir", dest="world_dir", default="data/demo")
+    parser.add_argument("--max-eval", dest="max_eval", type=int,
+                        help="evaluate on the first N test questions only")
+    parser.add_argument("--precision", default="fp32", choices=["auto", "bf16", "fp32"])
+    parser.add_argument("--sft-override", dest="sft_overrides", action="append", default=[],
+                        help="key=value for the warm-start config (repeatable)")
+    args = parser.parse_args()
+    args.models = args.models or list(DEFAULT_MODELS)
+    result = run(args)
+    print_result(result, format_table(result))
+
+
+if __name__ == "__main__":
+    main()
