@@ -56,6 +56,14 @@ RL_CONFIG = "LLaMA-Factory/examples/demo/smollm2_decision_agent_grpo.yaml"
 SCRIPT = "bench/decision_agent.py"
 
 
+def dataset_names(args: argparse.Namespace) -> tuple[str, str]:
+    """The SFT and RL datasets of a split, named after its folder (``data/demo_decision`` ->
+    ``demo_decision_sft`` / ``demo_decision_mappo``, the configs' own names), so that benches
+    of two splits never overwrite each other's data."""
+    split = Path(args.split_dir).name
+    return f"{split}_sft", f"{split}_mappo"
+
+
 def prepare_data(args: argparse.Namespace, work: Path) -> None:
     """The SFT trajectories (searches answered by the live server) and the RL prompt set."""
     marker = work / "data" / RESULT
@@ -63,9 +71,9 @@ def prepare_data(args: argparse.Namespace, work: Path) -> None:
         return
     log = work / "data" / "data.log"
     run_logged(mmoa_cli("data", "decision-sft", "--data_file", f"{args.split_dir}/train.jsonl",
-              "--name", "demo_decision_sft", "--retriever_url", args.retriever_url), log)
+              "--name", dataset_names(args)[0], "--retriever_url", args.retriever_url), log)
     run_logged(mmoa_cli("data", "mappo", "--data_file", f"{args.split_dir}/train.jsonl",
-              "--name", "demo_decision_mappo"), log)
+              "--name", dataset_names(args)[1]), log)
     atomic_write_json(marker, {"split_dir": args.split_dir})
 
 
@@ -99,7 +107,8 @@ def train_rl(args: argparse.Namespace, warm: Path, output: Path, seed: int, cost
         return
     overrides = [f"model_name_or_path={warm}", f"output_dir={output}", f"seed={seed}",
                  f"max_steps={args.steps}", f"mappo_decision_retrieval_cost={cost}",
-                 f"mappo_retriever_url={args.retriever_url}", *args.overrides]
+                 f"mappo_retriever_url={args.retriever_url}",
+                 f"dataset={dataset_names(args)[1]}", *args.overrides]
     if (checkpoint := last_checkpoint(output)) is not None:
         overrides.append(f"resume_from_checkpoint={checkpoint}")
     train(RL_CONFIG, overrides, output.parent / "train.log")
@@ -120,7 +129,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     def warm_start() -> dict[str, Any]:
         if not (warm / "model.safetensors").is_file():
-            train(SFT_CONFIG, [f"output_dir={warm}", *args.sft_overrides],
+            train(SFT_CONFIG, [f"output_dir={warm}", f"dataset={dataset_names(args)[0]}",
+                               *args.sft_overrides],
                    warm.parent / "train.log")
         return evaluate(args, warm, warm.parent / "eval")
 
