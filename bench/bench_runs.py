@@ -128,6 +128,20 @@ def bench_parser(doc: str, work_dir: str, seeds: tuple[int, ...] = (1, 2, 3)
     return parser
 
 
+def add_sft_eval_options(parser: argparse.ArgumentParser, world_dir: str = "data/demo"
+                         ) -> None:
+    """The options of a bench that trains its own warm starts and evaluates on a world's test
+    split: the world, how many test questions, the evaluation's precision and overrides of the
+    SFT config."""
+    parser.add_argument("--world-dir", dest="world_dir", default=world_dir)
+    parser.add_argument("--max-eval", dest="max_eval", type=int,
+                        help="evaluate on the first N test questions only")
+    parser.add_argument("--precision", default="fp32", choices=["auto", "bf16", "fp32"],
+                        help="of the evaluations (the demo configs train in fp32)")
+    parser.add_argument("--sft-override", dest="sft_overrides", action="append", default=[],
+                        help="key=value for the warm-start config (repeatable)")
+
+
 def print_result(result: dict[str, Any], table: str) -> None:
     """The bench's output: one JSON object, then its table."""
     print(json.dumps(result, indent=2))

@@ -43,6 +43,7 @@ import yaml
 from bench_runs import (
     RESULT,
     ROOT,
+    add_sft_eval_options,
     bench_parser,
     code_version,
     last_checkpoint,
@@ -288,12 +289,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="GRPO steps per run")
     parser.add_argument("--sft-steps", dest="sft_steps", type=int, default=40,
                         help="format-SFT steps (the demo config's)")
-    parser.add_argument("--world-dir", dest="world_dir", default="data/demo")
-    parser.add_argument("--max-eval", dest="max_eval", type=int,
-                        help="evaluate on the first N test questions only")
-    parser.add_argument("--precision", default="fp32", choices=["auto", "bf16", "fp32"])
-    parser.add_argument("--sft-override", dest="sft_overrides", action="append", default=[],
-                        help="key=value for the format-SFT config (repeatable)")
+    add_sft_eval_options(parser)
     result = run(parser.parse_args())
     print_result(result, format_table(result))
 

@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 from bench_runs import (
     ROOT,
+    add_sft_eval_options,
     bench_parser,
     code_version,
     last_checkpoint,
@@ -250,12 +251,7 @@ def main() -> None:
                         help="warm-start steps (the demo config's)")
     parser.add_argument("--no-mappo", dest="mappo", action="store_false",
                         help="stop after the warm starts")
-    parser.add_argument("--world-dir", dest="world_dir", default="data/demo")
-    parser.add_argument("--max-eval", dest="max_eval", type=int,
-                        help="evaluate on the first N test questions only")
-    parser.add_argument("--precision", default="fp32", choices=["auto", "bf16", "fp32"])
-    parser.add_argument("--sft-override", dest="sft_overrides", action="append", default=[],
-                        help="key=value for the warm-start config (repeatable)")
+    add_sft_eval_options(parser)
     args = parser.parse_args()
     args.models = args.models or list(DEFAULT_MODELS)
     result = run(args)
