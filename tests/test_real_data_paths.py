@@ -294,12 +294,14 @@ class _FakePipeline:
 
 def test_evaluation_records_and_prints_the_scoring_profile(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mmoa.agents.pipeline
     import mmoa.evaluation as evaluation
     import mmoa.modeling
 
     monkeypatch.setattr(mmoa.modeling, "load_for_inference",
                         lambda *_a, **_k: (torch.nn.Linear(1, 1), None))
-    monkeypatch.setattr(evaluation, "RagPipeline", _FakePipeline)
+    # evaluate() imports the pipeline when it runs (the CLI's parser must not load torch)
+    monkeypatch.setattr(mmoa.agents.pipeline, "RagPipeline", _FakePipeline)
     data = _write_jsonl(tmp_path / "NQ-open.dev.jsonl", NQ_OPEN)
     runs = []
     for scoring in ("mmoa", "squad"):
