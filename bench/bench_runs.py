@@ -85,6 +85,17 @@ def code_version(script: str) -> str:
     return commit + ("+dirty" if changed else "")
 
 
+def rollout_limits(mappo_config: str) -> list[str]:
+    """``--max_new_tokens_{qr,selector,generator} N`` from a MAPPO config's
+    ``mappo_max_new_tokens_*``: evaluations and synthesised data generate with the limits the
+    agents have in RL."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / mappo_config).read_text())
+    return [arg for agent in ("qr", "selector", "generator") for arg in
+            (f"--max_new_tokens_{agent}", str(config[f"mappo_max_new_tokens_{agent}"]))]
+
+
 def stage(work: Path, name: str, produce: Callable[[], dict[str, Any]], script: str
           ) -> dict[str, Any]:
     """Run ``produce()`` once: its result, with the seconds it took and the code version, is

@@ -55,14 +55,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 from bench_runs import (
     RESULT,
-    ROOT,
     code_version,
     last_checkpoint,
     paired_gain,
     per_question_f1,
+    rollout_limits,
     run_logged,
     train,
     training_tail,
@@ -93,19 +92,12 @@ def rl_config(args: argparse.Namespace) -> str:
 TARGET_SEEDS = 3
 
 
-def _rollout_limits(mappo_config: str) -> list[str]:
-    """Evaluation generates with the MAPPO rollout's per-agent limits (from its config)."""
-    config = yaml.safe_load((ROOT / mappo_config).read_text())
-    return [arg for agent in AGENTS for arg in
-            (f"--max_new_tokens_{agent}", str(config[f"mappo_max_new_tokens_{agent}"]))]
-
-
 def _evaluate(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     template = MODELS[args.model][1]
     command = [sys.executable, "evaluate/evaluate_qr_s_g.py", "--model_name_or_path", str(model),
                "--template", template, "--data_file", args.eval_file, "--mode", "qr_s_g",
                "--k", str(args.k), "--retriever_url", args.eval_retriever_url or args.retriever_url,
-               "--precision", args.precision, *_rollout_limits(rl_config(args)),
+               "--precision", args.precision, *rollout_limits(rl_config(args)),
                "--output_dir", str(out)]
     if args.max_eval:
         command += ["--max_samples", str(args.max_eval)]

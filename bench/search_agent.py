@@ -51,6 +51,7 @@ from bench_runs import (
     paired_gain,
     per_question_f1,
     print_result,
+    rollout_limits,
     run_logged,
     stage,
     train,
@@ -115,8 +116,7 @@ def evaluate_three_agent(args: argparse.Namespace, model: str, out: Path) -> dic
                "--data_file", f"{args.world_dir}/test.jsonl",
                "--retriever_url", args.retriever_url, "--precision", args.precision,
                "--k", str(mappo["mappo_top_k"]), "--output_dir", str(out)]
-    for agent in ("qr", "selector", "generator"):
-        command += [f"--max_new_tokens_{agent}", str(mappo[f"mappo_max_new_tokens_{agent}"])]
+    command += rollout_limits(THREE_AGENT_CONFIG)
     if args.max_eval:
         command += ["--max_samples", str(args.max_eval)]
     run_logged(command, out / "eval.log")

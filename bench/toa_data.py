@@ -35,7 +35,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
 from bench_runs import (
     ROOT,
     add_sft_eval_options,
@@ -46,6 +45,7 @@ from bench_runs import (
     paired_gain,
     per_question_f1,
     print_result,
+    rollout_limits,
     run_logged,
     stage,
     train,
@@ -64,13 +64,6 @@ DEFAULT_MODELS = (
     "name=smol_careful,path=models/smollm2-135m-instruct,template=smollm2,variant=careful",
     "name=warm,path=saves/smollm2-135m/full/sft,template=smollm2",
 )
-AGENTS = ("qr", "selector", "generator")
-
-
-def _limits() -> dict[str, int]:
-    """The demo MAPPO config's new-token limits per agent: what the agents generate in RL."""
-    config = yaml.safe_load((ROOT / MAPPO_CONFIG).read_text())
-    return {agent: int(config[f"mappo_max_new_tokens_{agent}"]) for agent in AGENTS}
 
 
 def dataset_name(args: argparse.Namespace, dataset: str) -> str:
@@ -91,9 +84,7 @@ def make_data(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                        "--report", str(report), "--no_progress")
     for spec in args.models:
         command += ["--model", spec]
-    for agent, limit in _limits().items():
-        command += [f"--max_new_tokens_{agent}", str(limit)]
-    run_logged(command, log)
+    run_logged([*command, *rollout_limits(MAPPO_CONFIG)], log)
     return json.loads(report.read_text())
 
 
@@ -104,8 +95,7 @@ def evaluate(args: argparse.Namespace, model: Path, out: Path) -> dict[str, Any]
                "--data_file", f"{args.world_dir}/test.jsonl", "--k", str(args.k),
                "--retriever_url", args.retriever_url, "--precision", args.precision,
                "--output_dir", str(out)]
-    for agent, limit in _limits().items():
-        command += [f"--max_new_tokens_{agent}", str(limit)]
+    command += rollout_limits(MAPPO_CONFIG)
     if args.max_eval:
         command += ["--max_samples", str(args.max_eval)]
     run_logged(command, out / "eval.log")

@@ -68,3 +68,12 @@ def test_paired_gain_by_hand(runs) -> None:
     assert gain["gain"] == pytest.approx(1 / 6)
     assert gain["gain_se"] == pytest.approx(0.76376 / 3 ** 0.5, rel=1e-4)
     assert gain["n"] == 3
+
+
+def test_rollout_limits_are_the_mappo_configs_own(runs, tmp_path: Path) -> None:
+    config = tmp_path / "mappo.yaml"
+    config.write_text("mappo_max_new_tokens_qr: 48\nmappo_max_new_tokens_selector: 24\n"
+                      "mappo_max_new_tokens_generator: 16\n")
+    assert runs.rollout_limits(str(config)) == [
+        "--max_new_tokens_qr", "48", "--max_new_tokens_selector", "24",
+        "--max_new_tokens_generator", "16"]
