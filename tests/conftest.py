@@ -73,3 +73,31 @@ def tiny_server_url(tiny_index_dir: Path, tmp_path_factory: pytest.TempPathFacto
     log = tmp_path_factory.mktemp("tiny_server") / "server.log"
     with running_server(["--index", str(tiny_index_dir)], log_path=log) as server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def unbatched_server_url(tiny_index_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The retrieval server with micro-batching off: each request is encoded alone.
+
+    With micro-batching, two processes' requests are merged into one encoder batch as they
+    happen to arrive, and a query's vector then depends on its batch companions at float-noise
+    level (about 1e-7), enough to reorder two nearly tied passages now and then: runs compared
+    weight for weight would see different documents for reasons unrelated to what is compared.
+    """
+    from tests.retrieval_fixtures import running_server
+
+    log = tmp_path_factory.mktemp("unbatched_server") / "server.log"
+    with running_server(["--index", str(tiny_index_dir), "--no-micro-batching"],
+                        log_path=log) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="session")
+def ddp_run(tiny_model_dir: Path, tiny_mappo_data_dir: Path, unbatched_server_url: str,
+            tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One two-process DDP MAPPO run (torchrun, gloo), made once: the torchrun test checks it
+    and the DeepSpeed tests compare their ZeRO runs with it."""
+    from tests.mappo_fixtures import launch_compared_run
+
+    return launch_compared_run(tmp_path_factory.mktemp("ddp_run"), "ddp", tiny_model_dir,
+                               tiny_mappo_data_dir, unbatched_server_url)

@@ -9,9 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import yaml
 from transformers import LlamaConfig, LlamaForCausalLM
+
+ROOT = Path(__file__).resolve().parents[1]
+DS_CONFIGS = ROOT / "LLaMA-Factory" / "examples" / "deepspeed"
 
 #: The vocabulary and end token of :func:`tiny_policy` (the learners' unit tests).
 VOCAB, EOS = 16, 1
@@ -79,3 +83,27 @@ def run_two_processes(config: dict[str, Any], yaml_path: Path,
         proc.kill()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def launch_compared_run(root: Path, name: str, model: Path, data: Path, url: str,
+                        deepspeed: str | None = None, **extra: Any) -> Path:
+    """Two processes for 2 steps of two micro-batches each (the engine's accumulation
+    boundary is exercised), under DDP or the DeepSpeed config ``deepspeed`` (a file in
+    ``examples/deepspeed``): the run the DDP / ZeRO comparisons share. Returns its output
+    folder; the launcher's output is kept in ``root/NAME.log``; a failed run fails the test
+    with the error lines of that log."""
+    out = root / name
+    config = tiny_mappo_config(model, data, url, out, plot_loss=False,
+                               gradient_accumulation_steps=2, max_steps=2)
+    if deepspeed:
+        config["deepspeed"] = str(DS_CONFIGS / deepspeed)
+    config.update(extra)
+    result = run_two_processes(config, root / f"{name}.yaml")
+    log = root / f"{name}.log"
+    log.write_text(f"{result.stdout}\n--- stderr ---\n{result.stderr}")
+    if result.returncode != 0:  # the whole output is in the log: pytest cuts long messages
+        clues = [line for line in result.stderr.splitlines()
+                 if any(word in line for word in ("Error", "error", "Signal", "Abort"))]
+        pytest.fail(f"{name} run exited with {result.returncode}; whole output in {log}\n"
+                    + "\n".join(clues[-20:]))
+    return out

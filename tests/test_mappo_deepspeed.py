@@ -13,30 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.mappo_fixtures import run_two_processes, tiny_mappo_config
+from tests.mappo_fixtures import launch_compared_run
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (MMOA_DEEPSPEED=0)")
 
-ROOT = Path(__file__).resolve().parents[1]
-DS_CONFIGS = ROOT / "LLaMA-Factory" / "examples" / "deepspeed"
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def unbatched_server_url(tiny_index_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """The retrieval server with micro-batching off: each request is encoded alone.
-
-    With micro-batching, the two processes' requests are merged into one encoder batch as they
-    happen to arrive, and a query's vector then depends on its batch companions at float-noise
-    level (about 1e-7), enough to reorder two nearly tied passages now and then: the runs compared
-    here would see different documents for reasons that have nothing to do with DeepSpeed.
-    """
-    from tests.retrieval_fixtures import running_server
-
-    log = tmp_path_factory.mktemp("unbatched_server") / "server.log"
-    with running_server(["--index", str(tiny_index_dir), "--no-micro-batching"],
-                        log_path=log) as server:
-        yield server.url
 
 
 @pytest.fixture(scope="module")
@@ -45,30 +26,15 @@ def launch(tiny_model_dir: Path, tiny_mappo_data_dir: Path, unbatched_server_url
     root = tmp_path_factory.mktemp("ds_runs")
 
     def run(name: str, deepspeed: str | None, **extra) -> Path:
-        out = root / name
-        # two micro-batches per update: the engine's accumulation boundary is exercised
-        config = tiny_mappo_config(tiny_model_dir, tiny_mappo_data_dir, unbatched_server_url, out,
-                                   plot_loss=False, gradient_accumulation_steps=2, max_steps=2)
-        if deepspeed:
-            config["deepspeed"] = str(DS_CONFIGS / deepspeed)
-        config.update(extra)
-        result = run_two_processes(config, root / f"{name}.yaml")
-        if result.returncode != 0:
-            # Keep the whole output: pytest cuts a long assertion message short.
-            log = root / f"{name}.log"
-            log.write_text(f"{result.stdout}\n--- stderr ---\n{result.stderr}")
-            clues = [line for line in result.stderr.splitlines()
-                     if any(word in line for word in ("Error", "error", "Signal", "Abort"))]
-            pytest.fail(f"{name} run exited with {result.returncode}; whole output in {log}\n"
-                        + "\n".join(clues[-20:]))
-        return out
+        return launch_compared_run(root, name, tiny_model_dir, tiny_mappo_data_dir,
+                                   unbatched_server_url, deepspeed, **extra)
 
     return run
 
 
 @pytest.fixture(scope="module")
-def ddp(launch) -> Path:
-    return launch("ddp", None)
+def ddp(ddp_run: Path) -> Path:
+    return ddp_run
 
 
 @pytest.fixture(scope="module")

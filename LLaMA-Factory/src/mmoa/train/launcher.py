@@ -9,7 +9,8 @@ here, with the same OmegaConf semantics LLaMA-Factory uses.
 
 Before either runs, :func:`mmoa.preflight.check_train_config` checks that the model folder and
 the datasets exist, so a missing one is a two-line message naming the command that makes it,
-not a hub-lookup traceback from deep inside transformers.
+not a hub-lookup traceback from deep inside transformers. A MAPPO run under DeepSpeed first
+clears build locks that an interrupted op build left (:mod:`mmoa.train.extension_locks`).
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ def run_train(argv: Sequence[str]) -> int:
 
     config = read_train_config(argv)
     stage = config.get("stage", "sft")
+    if stage == MAPPO_STAGE and config.get("deepspeed"):
+        from mmoa.train.extension_locks import clear_stale_extension_locks
+
+        clear_stale_extension_locks()  # else DeepSpeed may wait forever for its op build
     try:
         check_train_config(config)
     except PreflightError as err:

@@ -122,7 +122,20 @@ def run_mappo_from_config(config: dict[str, Any]) -> int:
         # stderr, not the logger: the web UI shows a failed run's stderr.
         print(f"[mappo] error: {err}", file=sys.stderr, flush=True)
         return 1
+    finally:
+        _leave_process_group()
     return 0
+
+
+def _leave_process_group() -> None:
+    """Tears down the torchrun process group, if any, before the interpreter exits: left to
+    interpreter shutdown, its communication threads (and DeepSpeed's on CPU) are destroyed in
+    no set order, which now and then aborts a rank that has already finished
+    (``terminate called without an active exception``) and fails a finished run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def run_mappo(config: dict[str, Any], callbacks: list[Any] | None = None) -> None:
