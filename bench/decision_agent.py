@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = [(args.cost, seed) for seed in args.seeds] + [(c, args.seeds[0])
                                                           for c in args.curve_costs]
     for cost, seed in plan:
-        name = f"grpo-cost{cost:g}-seed{seed}"
+        name = f"grpo-cost{cost:g}-seed{seed}" + (f"-{args.variant}" if args.variant else "")
 
         def rl(cost: float = cost, seed: int = seed, name: str = name) -> dict[str, Any]:
             output = work / name / "model"
@@ -218,6 +218,10 @@ def main() -> None:
     parser.add_argument("--split-dir", dest="split_dir", default="data/demo_decision")
     parser.add_argument("--sft-override", dest="sft_overrides", action="append", default=[],
                         help="key=value for the warm-start config (repeatable)")
+    parser.add_argument("--variant", default="",
+                        help="a name for the RL overrides given, appended to the RL runs' "
+                             "folders (grpo-cost0.2-seed1-NAME), so that runs with other "
+                             "overrides never resume or reuse each other in one work dir")
     result = run(parser.parse_args())
     print_result(result, format_table(result))
 
