@@ -33,11 +33,6 @@ def launch(tiny_model_dir: Path, tiny_mappo_data_dir: Path, unbatched_server_url
 
 
 @pytest.fixture(scope="module")
-def ddp(ddp_run: Path) -> Path:
-    return ddp_run
-
-
-@pytest.fixture(scope="module")
 def zero2(launch) -> Path:
     return launch("zero2", "ds_z2_config.json")
 
@@ -73,8 +68,8 @@ def _assert_same_weights(run: Path, reference: Path,
             assert (ours[key].float() - theirs[key].float()).abs().max() < 1e-4, (name, key)
 
 
-def test_zero2_matches_ddp_and_checkpoints_every_partition(zero2: Path, ddp: Path) -> None:
-    _assert_same_run(zero2, ddp)
+def test_zero2_matches_ddp_and_checkpoints_every_partition(zero2: Path, ddp_run: Path) -> None:
+    _assert_same_run(zero2, ddp_run)
     checkpoint = zero2 / "checkpoint-1"
     for name in ("model.safetensors", "value_head.safetensors", "scheduler.pt",
                  "mappo_state.json", "rng_state_0.pth", "rng_state_1.pth"):
@@ -95,10 +90,10 @@ def test_zero2_resume_continues_exactly(zero2: Path, launch) -> None:
     _assert_same_weights(resumed, zero2)
 
 
-def test_zero3_full_matches_ddp(launch, ddp: Path) -> None:
+def test_zero3_full_matches_ddp(launch, ddp_run: Path) -> None:
     """ZeRO-3 partitions the weights: generation runs on gathered weights, the frozen
     reference gets an inference engine, and saving gathers the full model."""
-    _assert_same_run(launch("zero3", "ds_z3_config.json"), ddp)
+    _assert_same_run(launch("zero3", "ds_z3_config.json"), ddp_run)
 
 
 def test_grpo_zero3_matches_ddp_without_a_value_head(launch) -> None:

@@ -57,24 +57,23 @@ def stale_locks(root: Path, now: float | None = None,
                 working_directories: Iterable[Path] | None = None) -> list[Path]:
     """The ``lock`` files of the op folders under ``root`` (directly, or under a Python /
     accelerator tag folder) that no running build owns. ``working_directories`` defaults to
-    every process's (``/proc``)."""
+    every process's (``/proc``), read only when some lock is old enough to be stale."""
     now = time.time() if now is None else now
-    if working_directories is None:
-        found = _working_directories()
-        min_age = MIN_AGE_S if found is not None else MIN_AGE_WITHOUT_PROC_S
-        busy = found or set()
-    else:
-        min_age, busy = MIN_AGE_S, set(working_directories)
-    busy = {Path(folder).resolve() for folder in busy}
-    stale = []
+    can_see_builds = working_directories is not None or Path("/proc").is_dir()
+    min_age = MIN_AGE_S if can_see_builds else MIN_AGE_WITHOUT_PROC_S
+    old = []
     for lock in sorted([*root.glob("*/lock"), *root.glob("*/*/lock")]):
         try:
-            age = now - lock.stat().st_mtime
+            if now - lock.stat().st_mtime >= min_age:
+                old.append(lock)
         except FileNotFoundError:  # released meanwhile
             continue
-        if age >= min_age and lock.parent.resolve() not in busy:
-            stale.append(lock)
-    return stale
+    if not old:
+        return []
+    if working_directories is None:
+        working_directories = _working_directories() or set()
+    busy = {Path(folder).resolve() for folder in working_directories}
+    return [lock for lock in old if lock.parent.resolve() not in busy]
 
 
 def clear_stale_extension_locks(root: Path | None = None) -> list[Path]:

@@ -74,10 +74,11 @@ def run_train(argv: Sequence[str]) -> int:
 
     config = read_train_config(argv)
     stage = config.get("stage", "sft")
-    if stage == MAPPO_STAGE and config.get("deepspeed"):
+    if stage == MAPPO_STAGE and config.get("deepspeed") and "LOCAL_RANK" not in os.environ:
+        # once, before torchrun starts the ranks: else DeepSpeed may wait forever for its build
         from mmoa.train.extension_locks import clear_stale_extension_locks
 
-        clear_stale_extension_locks()  # else DeepSpeed may wait forever for its op build
+        clear_stale_extension_locks()
     try:
         check_train_config(config)
     except PreflightError as err:
