@@ -13,6 +13,18 @@ source .venv/bin/activate
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.venv/torch_extensions}
 echo "[tests] ruff check"
 ruff check .
-echo "[tests] pytest"
+# Two pytest-xdist workers (MMOA_TEST_WORKERS=0: one process): much of the suite's time goes
+# to starting processes, loading libraries and waiting on servers, which a second worker
+# overlaps. Each worker's torch gets its share of the cores: OpenMP threads that outnumber the
+# cores spin-wait at every barrier and stall each other (docs/retrieval.md, troubleshooting, "CPU threads").
+WORKERS=${MMOA_TEST_WORKERS:-2}
+XDIST=()
+if (( WORKERS > 0 )); then
+  SHARE=$(( $(nproc) / WORKERS ))
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( SHARE > 0 ? SHARE : 1 ))}
+  # one group per module (tests/conftest.py), handed out in the suite's order, slow ones first
+  XDIST=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder)
+fi
+echo "[tests] pytest (${WORKERS} xdist workers)"
 # --durations: the slowest tests, to keep the suite within its 15-minute budget
-python -m pytest --durations=15 "$@"
+python -m pytest "${XDIST[@]}" --durations=15 "$@"

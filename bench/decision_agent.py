@@ -64,17 +64,47 @@ def dataset_names(args: argparse.Namespace) -> tuple[str, str]:
     return f"{split}_sft", f"{split}_mappo"
 
 
+def rl_dataset(args: argparse.Namespace) -> str:
+    """The RL prompt set: the split's own, or its copy with the known questions repeated."""
+    name = dataset_names(args)[1]
+    return name if args.known_repeat == 1 else f"{name}_known{args.known_repeat}"
+
+
+def known_weighted_rows(rows: list[dict[str, Any]], repeat: int) -> list[dict[str, Any]]:
+    """``rows`` with every ``known`` question ``repeat`` times (ids suffixed ``-r2``, ``-r3``,
+    ...), so that more of each RL step's groups ask a question the model can answer without
+    searching: with the balanced split's 59 known of 259, about one question of a 4-question
+    step is known, and most of its groups all answer directly (no reward variance)."""
+    out = []
+    for row in rows:
+        out.append(row)
+        if row.get("group") == "known":
+            out.extend({**row, "id": f"{row['id']}-r{copy}"} for copy in range(2, repeat + 1))
+    return out
+
+
 def prepare_data(args: argparse.Namespace, work: Path) -> None:
     """The SFT trajectories (searches answered by the live server) and the RL prompt set."""
-    marker = work / "data" / RESULT
-    if marker.is_file():
-        return
     log = work / "data" / "data.log"
-    run_logged(mmoa_cli("data", "decision-sft", "--data_file", f"{args.split_dir}/train.jsonl",
-              "--name", dataset_names(args)[0], "--retriever_url", args.retriever_url), log)
-    run_logged(mmoa_cli("data", "mappo", "--data_file", f"{args.split_dir}/train.jsonl",
-              "--name", dataset_names(args)[1]), log)
-    atomic_write_json(marker, {"split_dir": args.split_dir})
+    marker = work / "data" / RESULT
+    if not marker.is_file():
+        run_logged(mmoa_cli("data", "decision-sft", "--data_file",
+                            f"{args.split_dir}/train.jsonl", "--name", dataset_names(args)[0],
+                            "--retriever_url", args.retriever_url), log)
+        run_logged(mmoa_cli("data", "mappo", "--data_file", f"{args.split_dir}/train.jsonl",
+                            "--name", dataset_names(args)[1]), log)
+        atomic_write_json(marker, {"split_dir": args.split_dir})
+    weighted_marker = work / "data" / f"{rl_dataset(args)}.json"
+    if args.known_repeat > 1 and not weighted_marker.is_file():
+        rows = [json.loads(line) for line in
+                (ROOT / args.split_dir / "train.jsonl").read_text().splitlines() if line.strip()]
+        weighted = work / "data" / f"train_known{args.known_repeat}.jsonl"
+        weighted.write_text("".join(json.dumps(row) + "\n" for row in
+                                    known_weighted_rows(rows, args.known_repeat)))
+        run_logged(mmoa_cli("data", "mappo", "--data_file", str(weighted),
+                            "--name", rl_dataset(args)), log)
+        atomic_write_json(weighted_marker, {"split_dir": args.split_dir,
+                                            "known_repeat": args.known_repeat})
 
 
 def evaluate(args: argparse.Namespace, model: Path, out: Path, policy: str = "model"
@@ -108,7 +138,7 @@ def train_rl(args: argparse.Namespace, warm: Path, output: Path, seed: int, cost
     overrides = [f"model_name_or_path={warm}", f"output_dir={output}", f"seed={seed}",
                  f"max_steps={args.steps}", f"mappo_decision_retrieval_cost={cost}",
                  f"mappo_retriever_url={args.retriever_url}",
-                 f"dataset={dataset_names(args)[1]}", *args.overrides]
+                 f"dataset={rl_dataset(args)}", *args.overrides]
     if (checkpoint := last_checkpoint(output)) is not None:
         overrides.append(f"resume_from_checkpoint={checkpoint}")
     train(RL_CONFIG, overrides, output.parent / "train.log")
@@ -143,7 +173,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = [(args.cost, seed) for seed in args.seeds] + [(c, args.seeds[0])
                                                           for c in args.curve_costs]
     for cost, seed in plan:
-        name = f"grpo-cost{cost:g}-seed{seed}" + (f"-{args.variant}" if args.variant else "")
+        name = (f"grpo-cost{cost:g}-seed{seed}" + (f"-{args.variant}" if args.variant else "")
+                + (f"-known{args.known_repeat}" if args.known_repeat > 1 else ""))
 
         def rl(cost: float = cost, seed: int = seed, name: str = name) -> dict[str, Any]:
             output = work / name / "model"
@@ -222,7 +253,13 @@ def main() -> None:
                         help="a name for the RL overrides given, appended to the RL runs' "
                              "folders (grpo-cost0.2-seed1-NAME), so that runs with other "
                              "overrides never resume or reuse each other in one work dir")
-    result = run(parser.parse_args())
+    parser.add_argument("--known-repeat", dest="known_repeat", type=int, default=1,
+                        help="each known question N times in the RL prompt set (the runs' "
+                             "folders get -knownN); the warm start and the test are unchanged")
+    args = parser.parse_args()
+    if args.known_repeat < 1:
+        parser.error("--known-repeat must be at least 1")
+    result = run(args)
     print_result(result, format_table(result))
 
 

@@ -18,6 +18,32 @@ from mmoa_demo.world import (
     write_demo_world,
 )
 
+#: The xdist group of tests that share the session's two-process DDP run (``ddp_run``).
+DDP_RUN_GROUP = "ddp_run"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order and group the suite for ``run_tests.sh``'s two pytest-xdist workers.
+
+    Each module is one xdist group (``--dist loadgroup``), so its module-scoped fixtures (a web
+    UI, a browser, a ZeRO run) are built once, on one worker; the modules whose tests use the
+    shared DDP run (``ddp_run``) form one group, so that run is made once. Modules with a slow
+    test go first, each kept whole: the workers take groups in this order, so the long ones
+    start early instead of leaving one worker alone at the end. Without xdist the order is the
+    only effect."""
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    with_ddp_run = {module(item) for item in items
+                    if "ddp_run" in getattr(item, "fixturenames", ())}
+    for item in items:
+        group = DDP_RUN_GROUP if module(item) in with_ddp_run else module(item)
+        item.add_marker(pytest.mark.xdist_group(group))
+    slow_modules = {module(item) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: module(item) not in slow_modules)  # stable: modules stay whole
+
+
 #: Small enough to build in about a second, big enough to have every kind of question.
 TINY_WORLD_CONFIG = DemoWorldConfig(n_passages=300, n_train=100, n_dev=30, n_test=30, seed=11)
 

@@ -77,3 +77,19 @@ def test_rollout_limits_are_the_mappo_configs_own(runs, tmp_path: Path) -> None:
     assert runs.rollout_limits(str(config)) == [
         "--max_new_tokens_qr", "48", "--max_new_tokens_selector", "24",
         "--max_new_tokens_generator", "16"]
+
+
+def test_decision_bench_repeats_only_the_known_questions(runs) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("decision_agent_bench",
+                                                  ROOT / "bench" / "decision_agent.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = [{"id": "w1", "group": "world"}, {"id": "k1", "group": "known"},
+            {"id": "w2", "group": "world"}]
+    weighted = bench.known_weighted_rows(rows, 3)
+    assert [row["id"] for row in weighted] == ["w1", "k1", "k1-r2", "k1-r3", "w2"]
+    assert all(row["group"] == "known" for row in weighted[1:4])
+    assert bench.known_weighted_rows(rows, 1) == rows
