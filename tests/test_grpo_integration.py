@@ -156,10 +156,12 @@ def test_a_grpo_checkpoint_is_refused_by_a_ppo_run(grpo_run: Path, tiny_model_di
 
 def test_skip_leaves_out_the_zero_variance_groups(tiny_model_dir: Path,
                                                   tiny_mappo_data_dir: Path,
-                                                  tiny_server_url: str, tmp_path: Path) -> None:
+                                                  tiny_server_url: str, tmp_path: Path,
+                                                  recwarn: pytest.WarningsRecorder) -> None:
     """The untrained tiny model answers nothing right, so every group's answer F1 is 0: with
     ``skip`` only the samples whose own penalty fired are trained on, and a step left with
-    none logs no update instead of stopping."""
+    none logs no update instead of stopping (and the schedule's step without an optimiser
+    step raises no torch warning)."""
     out = tmp_path / "skip"
     run_mappo(_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out,
                       mappo_grpo_filter="skip", max_steps=2, save_steps=0))
@@ -174,6 +176,7 @@ def test_skip_leaves_out_the_zero_variance_groups(tiny_model_dir: Path,
         else:
             assert "loss" in entry
     assert any(entry["grpo/skipped_samples"] > 0 for entry in history)
+    assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
 
 
 @pytest.mark.parametrize(("algorithm", "kl_loss_coef", "reference", "value_head"),

@@ -45,6 +45,7 @@ import random
 import shutil
 import signal
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -469,8 +470,7 @@ class MappoTrainer(Trainer):
             # mappo_grpo_filter: skip left nothing (one process only: refused with several)
             mappo_logger().warning(f"[mappo] step {step + 1}: every group's rewards were equal "
                                    "and no penalty fired: no update (mappo_grpo_filter: skip)")
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step()
+            self._advance_lr_schedule()
             logs.update({"updates": 0.0, "kl_coef": float(learner.kl_ctl.value),
                          "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
                          **self._time_logs(timings, t0, t1, t1, time.perf_counter())})
@@ -491,8 +491,7 @@ class MappoTrainer(Trainer):
         reason = nothing_to_learn(rollout, stats)
         if reason is not None:
             mappo_logger().warning(f"[mappo] step {step + 1}: nothing to learn from ({reason})")
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
+        self._advance_lr_schedule()
         t3 = time.perf_counter()
         if stats["skipped_updates"] >= stats["updates"]:
             self._nonfinite_in_a_row += 1
@@ -528,6 +527,17 @@ class MappoTrainer(Trainer):
         })
         logs = self._mean_over_processes(logs)
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in logs.items()}
+
+    def _advance_lr_schedule(self) -> None:
+        """One step of the learning-rate schedule per rollout step, updated or not (a step
+        without an update: every group skipped, or a non-finite loss). The schedule counts
+        steps, as ``max_steps`` does; torch's warning that the scheduler stepped before the
+        optimizer, which it prints when the first step had no update, says nothing here."""
+        if self.lr_scheduler is None:
+            return
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+            self.lr_scheduler.step()
 
     @staticmethod
     def _time_logs(timings: dict[str, float], t0: float, t1: float, t2: float, t3: float
