@@ -140,7 +140,8 @@ def _leave_process_group() -> None:
 
 def run_mappo(config: dict[str, Any], callbacks: list[Any] | None = None) -> None:
     import torch
-    from llamafactory.extras.ploting import plot_loss
+
+    from mmoa.train.plots import save_training_plots
 
     trainer, training_args, finetuning_args = build_mappo_trainer(config, callbacks)
     torch.manual_seed(training_args.seed)
@@ -152,7 +153,7 @@ def run_mappo(config: dict[str, Any], callbacks: list[Any] | None = None) -> Non
         trainer.state.save_to_json(str(output / "trainer_state.json"))
         if finetuning_args.plot_loss:
             grpo = trainer.mappo_args.is_grpo
-            plot_loss(str(output), keys=GRPO_PLOT_KEYS if grpo else PLOT_KEYS)
+            save_training_plots(output, GRPO_PLOT_KEYS if grpo else PLOT_KEYS)
 
 
 def logged_steps_until(output_dir: str | None, checkpoint: str | None) -> str | None:

@@ -273,9 +273,9 @@ class RetrieverRLTrainer:
             self.policy.save_encoder(tmp)
         atomic_write_json(self.output / "trainer_state.json", self.state())
         if self.args.plot_loss:
-            from llamafactory.extras.ploting import plot_loss
+            from mmoa.train.plots import save_training_plots
 
-            plot_loss(str(self.output), keys=PLOT_KEYS)
+            save_training_plots(self.output, PLOT_KEYS)
 
     def log(self, stats: dict[str, float]) -> None:
         entry = {"step": self.step, "learning_rate": self.args.learning_rate,
