@@ -16,7 +16,8 @@ ruff check .
 # Two pytest-xdist workers (MMOA_TEST_WORKERS=0: one process): much of the suite's time goes
 # to starting processes, loading libraries and waiting on servers, which a second worker
 # overlaps. Each worker's torch gets its share of the cores: OpenMP threads that outnumber the
-# cores spin-wait at every barrier and stall each other (docs/retrieval.md, troubleshooting, "CPU threads").
+# cores spin-wait at every barrier and stall each other (docs/retrieval.md, troubleshooting,
+# "CPU threads").
 WORKERS=${MMOA_TEST_WORKERS:-2}
 XDIST=()
 if (( WORKERS > 0 )); then

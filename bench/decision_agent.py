@@ -49,7 +49,7 @@ from bench_runs import (
     training_tail,
 )
 
-from mmoa.fileio import atomic_write_json
+from mmoa.fileio import atomic_write_json, atomic_write_jsonl, read_jsonl
 
 SFT_CONFIG = "LLaMA-Factory/examples/demo/smollm2_decision_agent_sft.yaml"
 RL_CONFIG = "LLaMA-Factory/examples/demo/smollm2_decision_agent_grpo.yaml"
@@ -96,11 +96,9 @@ def prepare_data(args: argparse.Namespace, work: Path) -> None:
         atomic_write_json(marker, {"split_dir": args.split_dir})
     weighted_marker = work / "data" / f"{rl_dataset(args)}.json"
     if args.known_repeat > 1 and not weighted_marker.is_file():
-        rows = [json.loads(line) for line in
-                (ROOT / args.split_dir / "train.jsonl").read_text().splitlines() if line.strip()]
+        rows = read_jsonl(ROOT / args.split_dir / "train.jsonl")
         weighted = work / "data" / f"train_known{args.known_repeat}.jsonl"
-        weighted.write_text("".join(json.dumps(row) + "\n" for row in
-                                    known_weighted_rows(rows, args.known_repeat)))
+        atomic_write_jsonl(weighted, known_weighted_rows(rows, args.known_repeat))
         run_logged(mmoa_cli("data", "mappo", "--data_file", str(weighted),
                             "--name", rl_dataset(args)), log)
         atomic_write_json(weighted_marker, {"split_dir": args.split_dir,
