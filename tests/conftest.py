@@ -122,8 +122,9 @@ def unbatched_server_url(tiny_index_dir: Path, tmp_path_factory: pytest.TempPath
 def ddp_run(tiny_model_dir: Path, tiny_mappo_data_dir: Path, unbatched_server_url: str,
             tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One two-process DDP MAPPO run (torchrun, gloo), made once: the torchrun test checks it
-    and the DeepSpeed tests compare their ZeRO runs with it."""
+    and the DeepSpeed tests compare their ZeRO runs with it. ``save_total_limit: 1`` (checked
+    by the torchrun test) removes checkpoint-1 when checkpoint-2 is saved."""
     from tests.mappo_fixtures import launch_compared_run
 
     return launch_compared_run(tmp_path_factory.mktemp("ddp_run"), "ddp", tiny_model_dir,
-                               tiny_mappo_data_dir, unbatched_server_url)
+                               tiny_mappo_data_dir, unbatched_server_url, save_total_limit=1)

@@ -14,6 +14,7 @@ from mmoa.train.mappo.checkpoint_files import (
     CheckpointError,
     choose_resume_checkpoint,
     clean_orphans,
+    rotate_checkpoints,
     verify_checkpoint,
     write_manifest,
 )
@@ -106,3 +107,18 @@ def test_orphans_of_killed_saves_are_removed(tmp_path: Path) -> None:
     assert verify_checkpoint(kept)
     assert any("restored" in line and "checkpoint-3" in line for line in lines)
     assert clean_orphans(tmp_path / "missing") == []
+
+
+def test_rotation_keeps_the_newest_checkpoints_by_step(tmp_path: Path) -> None:
+    for step in (2, 10, 4, 1):  # 10 after 4 by number, not by name
+        _checkpoint(tmp_path, step)
+    (tmp_path / "checkpoint-final").mkdir()  # not a checkpoint-N folder: never touched
+    (tmp_path / "model.safetensors").write_bytes(b"final weights")
+    removed = rotate_checkpoints(tmp_path, 2)
+    assert sorted(p.name for p in removed) == ["checkpoint-1", "checkpoint-2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint-10", "checkpoint-4", "checkpoint-final", "model.safetensors"]
+    assert rotate_checkpoints(tmp_path, 2) == []
+    assert rotate_checkpoints(tmp_path, None) == rotate_checkpoints(tmp_path, 0) == []
+    assert (tmp_path / "checkpoint-4").is_dir()
+    assert [p.name for p in rotate_checkpoints(tmp_path, 1)] == ["checkpoint-4"]

@@ -196,10 +196,14 @@ def test_dataset_without_answers_is_refused(tmp_path: Path, tiny_server_url: str
 @pytest.mark.slow
 def test_two_processes_under_torchrun(ddp_run: Path) -> None:
     """FORCE_TORCHRUN=1 runs one process per rank (gloo on CPU) to the end: checkpoints and
-    one log line per step. (The DeepSpeed tests compare their weights with this run's.)"""
-    assert "launching 2 MAPPO processes" in (ddp_run.parent / "ddp.log").read_text()
-    assert (ddp_run / "checkpoint-1" / "model.safetensors").is_file()
+    one log line per step. (The DeepSpeed tests compare their weights with this run's.)
+    With ``save_total_limit: 1`` the main process removed checkpoint-1 after checkpoint-2."""
+    log = (ddp_run.parent / "ddp.log").read_text()
+    assert "launching 2 MAPPO processes" in log
     assert (ddp_run / "checkpoint-2" / "model.safetensors").is_file()
+    assert (ddp_run / "checkpoint-2" / "mappo_manifest.json").is_file()
+    assert not (ddp_run / "checkpoint-1").exists()
+    assert f"save_total_limit 1: removed {ddp_run / 'checkpoint-1'}" in log
     assert len(_log(ddp_run)) == 2
 
 

@@ -169,3 +169,21 @@ def clean_orphans(output_dir: Path) -> list[str]:
         shutil.rmtree(path)
         lines.append(f"removed {path} (left by a save that was killed)")
     return lines
+
+
+def rotate_checkpoints(output_dir: Path, keep: int | None) -> list[Path]:
+    """Delete all but the ``keep`` newest ``checkpoint-N`` folders of ``output_dir`` (by N);
+    returns the folders removed. ``None`` or ``0`` keeps every checkpoint.
+
+    This is Hugging Face's ``save_total_limit``, which our stages' own save loops must apply
+    themselves: a SmolLM2 checkpoint with its optimiser state is 1.6 GB, and a run that saves
+    every few steps fills a disk without it.
+    """
+    if not keep or not output_dir.is_dir():
+        return []
+    found = sorted(((s, p) for p in output_dir.iterdir()
+                    if p.is_dir() and (s := checkpoint_step(p)) is not None), reverse=True)
+    removed = [p for _, p in found[keep:]]
+    for path in removed:
+        shutil.rmtree(path)
+    return removed

@@ -60,7 +60,12 @@ from mmoa.agents.render import PromptRenderer
 from mmoa.data.records import QARecord
 from mmoa.fileio import atomic_dir, atomic_write_json
 from mmoa.train.mappo.args import MappoArguments
-from mmoa.train.mappo.checkpoint_files import CHECKPOINT_PREFIX, CheckpointError, write_manifest
+from mmoa.train.mappo.checkpoint_files import (
+    CHECKPOINT_PREFIX,
+    CheckpointError,
+    rotate_checkpoints,
+    write_manifest,
+)
 from mmoa.train.mappo.grpo import PipelineOutcome, group_samples
 from mmoa.train.mappo.learner import (
     PolicyWithValue,
@@ -676,6 +681,9 @@ class MappoTrainer(Trainer):
                 for companion in self.checkpoint_companions:
                     companion.save(tmp)
                 write_manifest(tmp)  # last: it vouches for every file above
+            for old in rotate_checkpoints(folder.parent, self.args.save_total_limit):
+                mappo_logger().info(f"[mappo] save_total_limit {self.args.save_total_limit}: "
+                                    f"removed {old}")
             self.callback_handler.on_save(self.args, self.state, self.control)
         if distributed:
             self.accelerator.wait_for_everyone()
