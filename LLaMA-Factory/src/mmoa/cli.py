@@ -485,7 +485,8 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
     ev = commands.add_parser(
         "eval",
         help="evaluate the pipeline (Acc / EM / F1 and per-agent statistics)",
-        description="Run the RAG pipeline greedily over a QA set and score it.",
+        description="Run the RAG pipeline over a QA set (greedy unless --do_sample) and score "
+                    "it.",
         usage=("%(prog)s --model_name_or_path MODEL --output_dir DIR\n"
                "         (--data_file FILE | --dataset NAME) [options]\n"
                "       %(prog)s --compare METRICS [METRICS ...]"),
@@ -560,6 +561,15 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
                     help="mode decision_agent: model (default: the model decides), always "
                          "(baseline: search once with the question, then answer) or never "
                          "(baseline: answer closed book)")
+    ev.add_argument("--do_sample", action="store_true", default=None,
+                    help="sample instead of greedy decoding, as the RL rollouts do (with "
+                         "--temperature, --top_p, --seed)")
+    for name, kind, what in (("temperature", float, "sampling temperature"),
+                             ("top_p", float, "nucleus sampling's top-p"),
+                             ("seed", int, "random seed of a sampled run")):
+        default = EvalConfig.__dataclass_fields__[name].default
+        ev.add_argument(f"--{name}", type=kind,
+                        help=f"with --do_sample: {what} (default {default})")
     ev.add_argument("--compare", nargs="+", metavar="[NAME=]METRICS",
                     help="print one table for several metrics.json files (or their folders); "
                          "NAME= names the row (default: the path)")

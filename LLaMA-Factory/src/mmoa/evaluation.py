@@ -42,6 +42,8 @@ from mmoa.defaults import (
     DECISION_MAX_SEARCHES,
     DECISION_TOP_K,
     MAX_NEW_TOKENS,
+    ROLLOUT_TEMPERATURE,
+    ROLLOUT_TOP_P,
     SEARCH_MAX_NEW_TOKENS,
     SEARCH_MAX_QUERIES,
     SEARCH_MAX_TURNS,
@@ -105,6 +107,13 @@ class EvalConfig:
     #: ``auto`` (bf16 autocast where the hardware has bf16, see :mod:`mmoa.precision`), ``bf16``
     #: or ``fp32``.
     precision: str = "auto"
+    #: Sampled instead of greedy decoding, with the RL rollouts' defaults: what a policy does as
+    #: it is trained (greedy decoding can hide a shift of probability mass that sampling shows).
+    #: ``seed`` makes a sampled run repeatable.
+    do_sample: bool = False
+    temperature: float = ROLLOUT_TEMPERATURE
+    top_p: float = ROLLOUT_TOP_P
+    seed: int = 0
 
     def validate(self) -> None:
         if self.mode not in EVAL_MODES:
@@ -121,6 +130,9 @@ class EvalConfig:
                      "max_new_tokens_decision"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.temperature <= 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"temperature must be above 0 and top_p in (0, 1], got "
+                             f"{self.temperature} and {self.top_p}")
         if self.decision_max_searches < 0:
             raise ValueError(f"decision_max_searches must be at least 0, got "
                              f"{self.decision_max_searches}")
@@ -347,10 +359,15 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
     )
     from mmoa.agents.pipeline import GenerationSettings, RagPipeline
 
-    settings = GenerationSettings(do_sample=False, max_new_tokens={
-        "qr": config.max_new_tokens_qr, "selector": config.max_new_tokens_selector,
-        "generator": config.max_new_tokens_generator,
-    })
+    settings = GenerationSettings(
+        do_sample=config.do_sample, temperature=config.temperature, top_p=config.top_p,
+        max_new_tokens={"qr": config.max_new_tokens_qr,
+                        "selector": config.max_new_tokens_selector,
+                        "generator": config.max_new_tokens_generator})
+    if config.do_sample:
+        from transformers import set_seed
+
+        set_seed(config.seed)
     pipeline: Any
     if config.mode == DECISION_AGENT_MODE:
         from mmoa.agents.decision_agent import DecisionAgentPipeline
@@ -456,8 +473,9 @@ def format_table(named_metrics: Sequence[tuple[str, dict[str, Any]]]) -> str:
     statistics, the search agent's retrieval rounds, queries and retrieved tokens per question
     and its well-formed rate, the decision agent's retrieval rate (``ret%``; its searches are in
     ``rounds``), and seconds per question for every mode (:func:`scoring_legend` says what the
-    profile names mean). A run whose records have groups gets a row per group below its own
-    (``run / group``: n, EM, F1, retrieval rate and searches of the group)."""
+    profile names mean; a sampled run's mode says so). A run whose records have groups gets a
+    row per group below its own (``run / group``: n, EM, F1, retrieval rate and searches of the
+    group)."""
     header = ["run", "mode", "scoring", "n", "Acc", "EM", "F1", "QR subq", "QR ok%",
               "cand rec%", "S sel", "S ok%", "S rec%", "G words", "G ok%", "rounds",
               "queries", "ret tok", "fmt ok%", "ret%", "s/q"]
@@ -471,6 +489,8 @@ def format_table(named_metrics: Sequence[tuple[str, dict[str, Any]]]) -> str:
         mode = str(m.get("mode", "?"))
         if m.get("decision_policy") not in (None, "model"):
             mode = f"{mode}/{m['decision_policy']}"
+        if m.get("config", {}).get("do_sample"):
+            mode = f"{mode} (sampled)"
         lines.append([
             name, mode, scoring_label(m), str(m.get("num_questions", "?")),
             _pct(m.get("acc")),
