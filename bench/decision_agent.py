@@ -105,15 +105,17 @@ def prepare_data(args: argparse.Namespace, work: Path) -> None:
                                             "known_repeat": args.known_repeat})
 
 
-def evaluate(args: argparse.Namespace, model: Path, out: Path, policy: str = "model"
-             ) -> dict[str, Any]:
-    """``evaluate_qr_s_g.py --mode decision_agent`` on the test split; its metrics and the
+def evaluate(args: argparse.Namespace, model: Path, out: Path, policy: str = "model",
+             data_file: str | None = None, sample_seed: int | None = None) -> dict[str, Any]:
+    """``evaluate_qr_s_g.py --mode decision_agent`` on the test split (or ``data_file``),
+    greedy or, with ``sample_seed``, sampled as the rollouts are; its metrics and the
     per-question F1."""
+    sampling = [] if sample_seed is None else ["--do_sample", "--seed", str(sample_seed)]
     run_logged([sys.executable, "evaluate/evaluate_qr_s_g.py", "--mode", "decision_agent",
           "--decision_policy", policy, "--model_name_or_path", str(model),
-          "--template", "smollm2", "--data_file", f"{args.split_dir}/test.jsonl",
+          "--template", "smollm2", "--data_file", data_file or f"{args.split_dir}/test.jsonl",
           "--retriever_url", args.retriever_url, "--precision", "fp32",
-          "--output_dir", str(out)], out / "eval.log")
+          "--output_dir", str(out), *sampling], out / "eval.log")
     metrics = json.loads((out / "metrics.json").read_text())
     return {"summary": summary(metrics), "per_question_f1": per_question_f1(out)}
 
@@ -185,7 +187,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"[{name}] {_line(runs[name])}", flush=True)
         if args.json_out:
             atomic_write_json(ROOT / args.json_out, public(result))
+    if args.sampled_eval:
+        result["sampled"] = sampled_runs(args, work, list(runs))
+        if args.json_out:
+            atomic_write_json(ROOT / args.json_out, public(result))
     return public(result)
+
+
+def sampled_runs(args: argparse.Namespace, work: Path, names: list[str]) -> dict[str, Any]:
+    """The warm start and every RL model evaluated with sampling (the rollouts' temperature
+    and top-p) on the test questions of group ``--sampled-eval``, ``--sampled-repeats`` times
+    (seeds 0, 1, ...): whether the policy as it is sampled in training skips search where the
+    greedy one does not. Means over the repeats."""
+    group = args.sampled_eval
+    data = work / "data" / f"test_{group}.jsonl"
+    if not data.is_file():
+        rows = [r for r in read_jsonl(ROOT / args.split_dir / "test.jsonl")
+                if group == "all" or r.get("group") == group]
+        if not rows:
+            raise SystemExit(f"--sampled-eval {group}: no test question of that group")
+        atomic_write_jsonl(data, rows)
+    out: dict[str, Any] = {}
+    for name in names:
+        if name in ("always", "never"):
+            continue
+        model = work / name / "model"
+        repeats = []
+        for seed in range(args.sampled_repeats):
+            label = f"sampled-{group}/{name}-s{seed}"
+            repeats.append(stage(work, label, lambda m=model, label=label, seed=seed: evaluate(
+                args, m, work / label / "eval", data_file=str(data), sample_seed=seed), SCRIPT))
+        summaries = [r["summary"] for r in repeats]
+        out[name] = {key: sum(s[key] for s in summaries) / len(summaries)
+                     for key in ("f1", "em", "retrieval_rate", "mean_searches")}
+        out[name].update(num_questions=summaries[0]["num_questions"], repeats=len(summaries))
+        print(f"[{name}, sampled, {group}] F1 {100 * out[name]['f1']:.1f}  "
+              f"ret% {100 * out[name]['retrieval_rate']:.0f}", flush=True)
+    return out
 
 
 def _group(run: dict[str, Any], group: str, key: str) -> float:
@@ -216,6 +254,10 @@ def public(result: dict[str, Any]) -> dict[str, Any]:
             met.append(falls and holds)
         out["runs"][name] = entry
     out["target_met"] = f"{sum(met)} of {len(met)} seeds"
+    if "sampled" in result:
+        out["sampled"] = {"group": result["config"]["sampled_eval"],
+                          "repeats": result["config"]["sampled_repeats"],
+                          "runs": result["sampled"]}
     return out
 
 
@@ -232,6 +274,14 @@ def format_table(result: dict[str, Any]) -> str:
             f"{100 * _group(run, 'world', 'retrieval_rate'):.0f} | {s['mean_searches']:.2f} | "
             + (f"{100 * gain['gain']:+.1f} +- {100 * gain['gain_se']:.1f} |" if gain else "|"))
     lines.append(f"target (known retrieval falls, F1 not lower): {result['target_met']}")
+    if "sampled" in result:
+        sampled = result["sampled"]
+        lines += ["", f"sampled decoding, test group {sampled['group']}, "
+                      f"{sampled['repeats']} repeats:",
+                  "| run | n | F1 | EM | ret% | searches/q |", "| --- |" + " ---: |" * 5]
+        lines += [f"| {name} | {r['num_questions']} | {100 * r['f1']:.1f} | {100 * r['em']:.1f} "
+                  f"| {100 * r['retrieval_rate']:.0f} | {r['mean_searches']:.2f} |"
+                  for name, r in sampled["runs"].items()]
     return "\n".join(lines)
 
 
@@ -254,9 +304,17 @@ def main() -> None:
     parser.add_argument("--known-repeat", dest="known_repeat", type=int, default=1,
                         help="each known question N times in the RL prompt set (the runs' "
                              "folders get -knownN); the warm start and the test are unchanged")
+    parser.add_argument("--sampled-eval", dest="sampled_eval", metavar="GROUP",
+                        help="also evaluate the warm start and the RL models with sampling "
+                             "(as in training) on the test questions of GROUP (known, world "
+                             "or all)")
+    parser.add_argument("--sampled-repeats", dest="sampled_repeats", type=int, default=3,
+                        help="sampled evaluations per model, seeds 0..N-1 (default 3)")
     args = parser.parse_args()
     if args.known_repeat < 1:
         parser.error("--known-repeat must be at least 1")
+    if args.sampled_repeats < 1:
+        parser.error("--sampled-repeats must be at least 1")
     result = run(args)
     print_result(result, format_table(result))
 

@@ -79,7 +79,7 @@ def test_rollout_limits_are_the_mappo_configs_own(runs, tmp_path: Path) -> None:
         "--max_new_tokens_generator", "16"]
 
 
-def test_decision_bench_repeats_only_the_known_questions(runs) -> None:
+def _decision_bench(runs):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("decision_agent_bench",
@@ -87,9 +87,33 @@ def test_decision_bench_repeats_only_the_known_questions(runs) -> None:
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_decision_bench_repeats_only_the_known_questions(runs) -> None:
+    bench = _decision_bench(runs)
     rows = [{"id": "w1", "group": "world"}, {"id": "k1", "group": "known"},
             {"id": "w2", "group": "world"}]
     weighted = bench.known_weighted_rows(rows, 3)
     assert [row["id"] for row in weighted] == ["w1", "k1", "k1-r2", "k1-r3", "w2"]
     assert all(row["group"] == "known" for row in weighted[1:4])
     assert bench.known_weighted_rows(rows, 1) == rows
+
+
+def test_decision_bench_reports_the_sampled_evaluations_apart(runs) -> None:
+    bench = _decision_bench(runs)
+    group = {"num_questions": 2, "em": 0.5, "f1": 0.5, "retrieval_rate": 0.5,
+             "mean_searches": 0.5}
+    sft = {"summary": {"num_questions": 2, "em": 0.5, "f1": 0.5, "retrieval_rate": 0.5,
+                       "mean_searches": 0.5, "by_group": {"known": group}},
+           "per_question_f1": [1.0, 0.0]}
+    result = {"config": {"cost": 0.2, "sampled_eval": "known", "sampled_repeats": 3},
+              "runs": {"sft": sft},
+              "sampled": {"sft": {"f1": 0.75, "em": 0.5, "retrieval_rate": 0.25,
+                                  "mean_searches": 0.5, "num_questions": 39, "repeats": 3}}}
+    public = bench.public(result)
+    assert public["sampled"]["group"] == "known" and public["sampled"]["repeats"] == 3
+    assert "per_question_f1" not in public["runs"]["sft"]
+    table = bench.format_table(public).splitlines()
+    assert table[-4] == "sampled decoding, test group known, 3 repeats:"
+    assert table[-1] == "| sft | 39 | 75.0 | 50.0 | 25 | 0.50 |"
