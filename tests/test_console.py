@@ -15,17 +15,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 _PROBE = """
 import logging, sys
-from mmoa.console import route_library_logs
-path = route_library_logs(sys.argv[1])
-print("routed", path, flush=True)
+from mmoa.console import routed_library_logs
 from llamafactory.extras import logging as lf_logging
 import transformers.utils.logging as hf_logging
-hf_logging.set_verbosity_info()   # as LLaMA-Factory's parser does
-hf_logging.get_logger("transformers.configuration_utils").info("Model config LlamaConfig {")
-lf_logging.get_logger("llamafactory.model.loader").info("all params: 134,515,008")
-lf_logging.get_logger("llamafactory.model.loader").warning("a library warning")
-lf_logging.get_logger("llamafactory.mmoa.mappo").info("step 1: reward 0.5")
-lf_logging.get_logger("llamafactory.mmoa.mappo").warning("an own warning")
+with routed_library_logs(sys.argv[1]) as path:
+    print("routed", path, flush=True)
+    hf_logging.set_verbosity_info()   # as LLaMA-Factory's parser does
+    hf_logging.get_logger("transformers.configuration_utils").info("Model config LlamaConfig {")
+    lf_logging.get_logger("llamafactory.model.loader").info("all params: 134,515,008")
+    lf_logging.get_logger("llamafactory.model.loader").warning("a library warning")
+    lf_logging.get_logger("llamafactory.mmoa.mappo").info("step 1: reward 0.5")
+    lf_logging.get_logger("llamafactory.mmoa.mappo").warning("an own warning")
+# after the block: nothing routed any more (the folder may be gone), one console line each
+lf_logging.get_logger("llamafactory.model.loader").info("after: library info")
+lf_logging.get_logger("llamafactory.mmoa.mappo").info("after: own info")
 """
 
 
@@ -47,6 +50,33 @@ def test_library_info_goes_to_the_log_file_and_ours_stays_on_the_console(tmp_pat
     text = log.read_text()
     for line in ("Model config", "all params", "a library warning", "step 1: reward 0.5"):
         assert line in text, line
+    assert "after:" not in text
+    assert console.count("after: library info") == 1 and console.count("after: own info") == 1
+
+
+def test_routing_ends_with_its_block(tmp_path: Path) -> None:
+    """A process that runs commands one after another (the tests, a notebook): the second
+    block writes its own file and nothing is written to the first's folder once it is gone."""
+    import shutil
+
+    from mmoa.console import _library_loggers, routed_library_logs
+
+    _library_loggers()  # the libraries attach their console handlers when first asked
+    logger = logging.getLogger("llamafactory.model.loader")
+    before = {name: list(logging.getLogger(name).handlers)
+              for name in ("llamafactory", "transformers", "llamafactory.mmoa")}
+    with routed_library_logs(tmp_path / "first") as first:
+        assert first == tmp_path / "first" / "library.log"
+        with routed_library_logs(tmp_path / "nested") as nested:
+            assert nested is None  # one routing at a time
+        logger.warning("first run")
+    shutil.rmtree(tmp_path / "first")
+    with routed_library_logs(tmp_path / "second"):
+        logger.warning("second run")
+    logger.warning("after both")  # must not try to reopen first/library.log
+    assert not (tmp_path / "first").exists()
+    assert (tmp_path / "second" / "library.log").read_text().count("run") == 1
+    assert {name: list(logging.getLogger(name).handlers) for name in before} == before
 
 
 def test_verbose_and_web_ui_runs_are_left_alone(tmp_path: Path) -> None:

@@ -463,11 +463,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"{args.prog}: error: {err}", file=sys.stderr)
         return 2
-    from mmoa.console import route_library_logs
+    from mmoa.console import routed_library_logs
 
-    route_library_logs(config.output_dir)
     try:
-        metrics = evaluate(config)
+        with routed_library_logs(config.output_dir):
+            metrics = evaluate(config)
     except (ValueError, KeyError, FileNotFoundError, ConnectionError) as err:
         print(f"{args.prog}: error: {err}", file=sys.stderr)
         return 2

@@ -15,9 +15,11 @@ the same loggers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 #: Environment variable that keeps every library line on the console.
@@ -29,7 +31,8 @@ LIBRARY_LOGGERS = ("llamafactory", "transformers")
 #: Our loggers under ``llamafactory`` whose INFO lines stay on the console.
 OWN_LOGGERS = ("llamafactory.mmoa",)
 _FORMAT = "[%(levelname)s|%(asctime)s] %(name)s:%(lineno)s >> %(message)s"
-_routed: dict[str, logging.Handler] = {}
+#: The log file of the block being routed (one at a time per process).
+_routed: list[Path] = []
 
 
 def verbose() -> bool:
@@ -50,23 +53,30 @@ def _library_loggers() -> list[logging.Logger]:
     return [lf_logging.get_logger("llamafactory"), hf_logging.get_logger("transformers")]
 
 
-def route_library_logs(log_dir: str | Path | None) -> Path | None:
-    """Send the libraries' INFO lines to ``log_dir/library.log`` and keep warnings on the
-    console; returns the log file, or ``None`` when nothing was changed (``MMOA_VERBOSE=1``, a
-    web UI run, or no folder). Idempotent per process."""
-    if log_dir is None or verbose() or os.environ.get("LLAMABOARD_ENABLED"):
-        return None
+@contextlib.contextmanager
+def routed_library_logs(log_dir: str | Path | None) -> Iterator[Path | None]:
+    """While the block runs, send the libraries' INFO lines to ``log_dir/library.log`` and keep
+    warnings on the console; yields the log file, or ``None`` when nothing is changed
+    (``MMOA_VERBOSE=1``, a web UI run, no folder, or a block already routed in this process).
+
+    On exit every handler it added is removed and closed and the console handlers get their
+    levels back: a process that runs several commands (the tests, a notebook) neither keeps
+    writing to a folder that may be gone nor prints our lines once per earlier command."""
+    if log_dir is None or verbose() or os.environ.get("LLAMABOARD_ENABLED") or _routed:
+        yield None
+        return
     path = library_log_path(log_dir)
-    if str(path) in _routed:
-        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     file_handler = logging.FileHandler(path, encoding="utf-8", delay=True)
     file_handler.setLevel(logging.INFO)
     file_handler.setFormatter(logging.Formatter(_FORMAT))
-    for logger in _library_loggers():
+    loggers = _library_loggers()
+    levels: list[tuple[logging.Handler, int]] = []
+    for logger in loggers:
         for handler in logger.handlers:
             if isinstance(handler, logging.StreamHandler) and not isinstance(
                     handler, logging.FileHandler):
+                levels.append((handler, handler.level))
                 handler.setLevel(logging.WARNING)
         logger.addHandler(file_handler)
     console = logging.StreamHandler(sys.stderr)
@@ -75,8 +85,18 @@ def route_library_logs(log_dir: str | Path | None) -> Path | None:
     console.addFilter(lambda record: record.levelno < logging.WARNING)  # warnings: parent's
     for name in OWN_LOGGERS:
         logging.getLogger(name).addHandler(console)
-    _routed[str(path)] = file_handler
-    return path
+    _routed.append(path)
+    try:
+        yield path
+    finally:
+        _routed.remove(path)
+        for name in OWN_LOGGERS:
+            logging.getLogger(name).removeHandler(console)
+        for logger in loggers:
+            logger.removeHandler(file_handler)
+        for handler, level in levels:
+            handler.setLevel(level)
+        file_handler.close()
 
 
 def quiet_faiss_loader() -> None:

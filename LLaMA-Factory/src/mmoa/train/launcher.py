@@ -88,18 +88,18 @@ def run_train(argv: Sequence[str]) -> int:
         return 1
     if stage == MAPPO_STAGE and _wants_torchrun():
         return _relaunch_with_torchrun(argv)
-    from mmoa.console import route_library_logs
+    from mmoa.console import routed_library_logs
 
-    route_library_logs(config.get("output_dir"))
-    if stage == MAPPO_STAGE:
-        from mmoa.train.mappo.workflow import run_mappo_from_config
+    with routed_library_logs(config.get("output_dir")):
+        if stage == MAPPO_STAGE:
+            from mmoa.train.mappo.workflow import run_mappo_from_config
 
-        return run_mappo_from_config(config)
-    if stage == RETRIEVER_RL_STAGE:
-        from mmoa.train.retriever_rl.workflow import run_retriever_rl_from_config
+            return run_mappo_from_config(config)
+        if stage == RETRIEVER_RL_STAGE:
+            from mmoa.train.retriever_rl.workflow import run_retriever_rl_from_config
 
-        return run_retriever_rl_from_config(config)
-    return run_llamafactory("train", argv)
+            return run_retriever_rl_from_config(config)
+        return run_llamafactory("train", argv)
 
 
 def _wants_torchrun() -> bool:
