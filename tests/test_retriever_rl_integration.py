@@ -140,10 +140,13 @@ def test_two_steps_write_a_servable_encoder_and_resume(
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     (resumed / "trainer_log.jsonl").write_text("")
+    (resumed / "checkpoint-1").mkdir()  # an older save, removed by save_total_limit
     config = _config(tiny_model_dir, tiny_mappo_data_dir, tiny_index_dir, server.url, resumed,
                      resume_from_checkpoint=str(out / "checkpoint-1"),
-                     retriever_log_answer_f1=False)
+                     retriever_log_answer_f1=False, save_total_limit=1)
     assert _train(config, tmp_path / "resume.yaml") == 0
+    assert (resumed / "checkpoint-2").is_dir() and not (resumed / "checkpoint-1").exists()
+    assert "save_total_limit 1: removed" in capsys.readouterr().err
     again = [json.loads(x) for x in (resumed / "trainer_log.jsonl").read_text().splitlines()]
     assert [x["current_steps"] for x in again] == [1, 2]
     assert again[0] == lines[0]

@@ -115,6 +115,9 @@ def test_config_keys_are_checked_by_name() -> None:
         parse_retriever_rl_args({**base, "retriever_alpha": 0})
     with pytest.raises(ValueError, match="retriever_history: true needs retriever_queries"):
         parse_retriever_rl_args({**base, "retriever_history": True})
+    with pytest.raises(ValueError, match="save_total_limit must be a non-negative integer"):
+        parse_retriever_rl_args({**base, "save_total_limit": -1})
+    assert parse_retriever_rl_args({**base, "save_total_limit": 2}).save_total_limit == 2
     with pytest.raises(ValueError, match="retriever_finetuning must be one of"):
         parse_retriever_rl_args({**base, "retriever_finetuning": "qlora"})
     with pytest.raises(ValueError, match=r"required key\(s\) \['template'\]"):

@@ -49,6 +49,8 @@ class RetrieverRLArguments:
     learning_rate: float = 1e-5
     max_steps: int = 100
     save_steps: int = 50
+    #: Keep only the newest N ``checkpoint-M`` folders (Hugging Face's key; 0 or None: all).
+    save_total_limit: int | None = None
     logging_steps: int = 1
     seed: int = 42
     max_grad_norm: float = 1.0
@@ -119,6 +121,11 @@ class RetrieverRLArguments:
                      "retriever_generator_batch_size", "retriever_max_new_tokens",
                      "retriever_reload_every"):
             positive(name)
+        limit = self.save_total_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or limit < 0):
+            raise ValueError(f"save_total_limit must be a non-negative integer (0 or null keeps "
+                             f"every checkpoint), got {limit!r}")
         if self.retriever_top_k > self.retriever_pool_size:
             raise ValueError(f"retriever_top_k ({self.retriever_top_k}) must not exceed "
                              f"retriever_pool_size ({self.retriever_pool_size})")

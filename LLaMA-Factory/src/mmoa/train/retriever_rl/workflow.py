@@ -31,6 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from mmoa.fileio import atomic_dir, atomic_write_json, atomic_write_text
+from mmoa.train.mappo.checkpoint_files import rotate_checkpoints
 from mmoa.train.retriever_rl.args import RetrieverRLArguments, parse_retriever_rl_args
 
 #: LLaMA-Factory's per-step log, read by the web UI's progress bar.
@@ -316,10 +317,14 @@ class RetrieverRLTrainer:
                 "retriever_finetuning": self.args.retriever_finetuning}
 
     def save_checkpoint(self) -> Path:
-        """``checkpoint-<step>/`` in ``output_dir``, written whole or not at all."""
+        """``checkpoint-<step>/`` in ``output_dir``, written whole or not at all; then the
+        oldest beyond ``save_total_limit`` are removed, as MAPPO's saves do."""
         folder = self.output / f"checkpoint-{self.step}"
         with atomic_dir(folder) as tmp:
             self.write_checkpoint(tmp)
+        for old in rotate_checkpoints(self.output, self.args.save_total_limit):
+            print(f"[retriever_rl] save_total_limit {self.args.save_total_limit}: removed {old}",
+                  file=sys.stderr, flush=True)
         return folder
 
     def write_checkpoint(self, folder: Path) -> None:
