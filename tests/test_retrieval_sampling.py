@@ -180,7 +180,16 @@ def test_client_samples_the_same_however_the_batch_is_split(server: ServerProces
     split = RetrievalClient(server.url, token=TOKEN, max_queries_per_request=2)
     a = whole.retrieve_sampled(queries, 3, pool_size=30, alpha=0.5, seed=9)
     b = split.retrieve_sampled(queries, 3, pool_size=30, alpha=0.5, seed=9)
-    assert a == b
+    # the same pools, picks and documents; the scores only to float precision: the encoder's
+    # matrix products may round differently for a batch of 2 than of 9 (seen on an AVX-512
+    # CPU: 0.38377511 vs 0.38377505)
+    assert len(a) == len(b) == len(queries)
+    for x, y in zip(a, b, strict=True):
+        assert (x["pool_rows"], x["picks"]) == (y["pool_rows"], y["picks"])
+        assert [d["id"] for d in x["documents"]] == [d["id"] for d in y["documents"]]
+        assert [d["score"] for d in x["documents"]] == pytest.approx(
+            [d["score"] for d in y["documents"]], abs=1e-5)
+        assert x["logprob"] == pytest.approx(y["logprob"], abs=1e-4)
     assert len({tuple(r["picks"]) for r in a[0::3]}) > 1
     assert set(a[0]) == {"documents", "logprob", "picks", "pool_rows"}
 
