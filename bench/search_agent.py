@@ -167,14 +167,22 @@ def _search_key(key: str) -> bool:
     return key in ("reward", "answer_f1", "kl") or key.startswith("search/")
 
 
+def _suffix(variant: str) -> str:
+    """What a ``--variant`` name adds to an RL run's name."""
+    return f"-{variant}" if variant else ""
+
+
 def plan(args: argparse.Namespace) -> list[tuple[str, str, int, list[str]]]:
     """(run name, arm, seed, extra RL overrides) of every RL run, in the order they run: the
-    seeds first (the target), then the single-query and no-mask comparisons."""
-    runs = [(f"grpo-seed{seed}", "multi", seed, []) for seed in args.seeds]
-    runs += [(f"grpo-single-seed{seed}", "single", seed, ["mappo_search_max_queries=1"])
-             for seed in args.single_seeds]
-    runs += [(f"grpo-nomask-seed{seed}", "multi", seed,
+    seeds first (the target), then the no-mask comparison (it reuses the multi-query SFT),
+    then the single-query arm (its own SFT first). A ``--variant`` name ends every RL run's
+    name, so runs with other overrides never resume or reuse each other in one work dir."""
+    end = _suffix(args.variant)
+    runs = [(f"grpo-seed{seed}{end}", "multi", seed, []) for seed in args.seeds]
+    runs += [(f"grpo-nomask-seed{seed}{end}", "multi", seed,
               ["mappo_search_mask_information=false"]) for seed in args.nomask_seeds]
+    runs += [(f"grpo-single-seed{seed}{end}", "single", seed, ["mappo_search_max_queries=1"])
+             for seed in args.single_seeds]
     return runs
 
 
@@ -192,15 +200,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.json_out:
             atomic_write_json(ROOT / args.json_out, public(result))
 
-    arms_needed = ["multi"] + (["single"] if args.single_seeds else [])
-    warm = {arm: work / f"sft-{arm}" / "model" for arm in arms_needed}
-    for arm in arms_needed:
-        def warm_start(arm: str = arm) -> dict[str, Any]:
+    warm = {arm: work / f"sft-{arm}" / "model" for arm in ARMS}
+
+    def warm_start(arm: str) -> None:
+        """The arm's format SFT and its evaluation, once, before its first RL run."""
+        if f"sft-{arm}" in runs:
+            return
+        def produce() -> dict[str, Any]:
             train_sft(args, arm, warm[arm])
             return {**evaluate(args, warm[arm], warm[arm].parent / "eval", ARMS[arm][1]),
                     "arm": arm}
-        runs[f"sft-{arm}"] = stage(work, f"sft-{arm}", warm_start, SCRIPT)
+        runs[f"sft-{arm}"] = stage(work, f"sft-{arm}", produce, SCRIPT)
         record(f"sft-{arm}")
+
+    warm_start("multi")
     for spec in args.three_agent:
         label, _, model = spec.partition("=")
         name = f"three-agent {label}"
@@ -209,6 +222,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             args, m, work / f / "eval"), SCRIPT)
         record(name)
     for name, arm, seed, extra in plan(args):
+        warm_start(arm)
+
         def rl(name: str = name, arm: str = arm, seed: int = seed, extra: list[str] = extra
                ) -> dict[str, Any]:
             output = work / name / "model"
@@ -237,7 +252,7 @@ def public(result: dict[str, Any]) -> dict[str, Any]:
         base = runs.get(f"sft-{run['arm']}") if name.startswith("grpo") else None
         if base is not None:
             entry["gain_f1"] = paired_gain(base["per_question_f1"], run["per_question_f1"])
-            if name == f"grpo-seed{run['seed']}":
+            if name == f"grpo-seed{run['seed']}{_suffix(result['config'].get('variant', ''))}":
                 entry["above_sft"] = entry["gain_f1"]["gain"] > 0
                 met.append(entry["above_sft"])
         out["runs"][name] = entry
@@ -287,6 +302,9 @@ def main() -> None:
                         metavar="LABEL=MODEL",
                         help="a three-agent model evaluated on the same questions (repeatable)")
     parser.add_argument("--steps", type=int, default=12, help="GRPO steps per run")
+    parser.add_argument("--variant", default="",
+                        help="a name for the RL overrides given, appended to the RL runs' "
+                             "names (grpo-seed1-NAME); the format SFTs are shared")
     parser.add_argument("--sft-steps", dest="sft_steps", type=int, default=40,
                         help="format-SFT steps (the demo config's)")
     add_sft_eval_options(parser)
