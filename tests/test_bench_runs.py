@@ -117,3 +117,46 @@ def test_decision_bench_reports_the_sampled_evaluations_apart(runs) -> None:
     table = bench.format_table(public).splitlines()
     assert table[-4] == "sampled decoding, test group known, 3 repeats:"
     assert table[-1] == "| sft | 39 | 75.0 | 50.0 | 25 | 0.50 |"
+
+
+def _search_bench(runs):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("search_agent_bench",
+                                                  ROOT / "bench" / "search_agent.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_search_bench_names_runs_by_variant_and_counts_its_target(runs) -> None:
+    import argparse
+
+    bench = _search_bench(runs)
+    args = argparse.Namespace(seeds=[1, 2], nomask_seeds=[1], single_seeds=[3], variant="mean")
+    assert bench.plan(args) == [
+        ("grpo-seed1-mean", "multi", 1, []),
+        ("grpo-seed2-mean", "multi", 2, []),
+        ("grpo-nomask-seed1-mean", "multi", 1, ["mappo_search_mask_information=false"]),
+        ("grpo-single-seed3-mean", "single", 3, ["mappo_search_max_queries=1"]),
+    ]
+    assert bench.plan(argparse.Namespace(seeds=[1], nomask_seeds=[], single_seeds=[],
+                                         variant=""))[0][0] == "grpo-seed1"
+
+    def run(arm: str, seed: int | None, f1: list[float]) -> dict:
+        return {"arm": arm, "seed": seed, "summary": {},
+                "per_question_f1": {"q1": f1[0], "q2": f1[1]}}
+
+    result = {"config": {"variant": "mean"}, "runs": {
+        "sft-multi": run("multi", None, [0.5, 0.5]),
+        "grpo-seed1-mean": run("multi", 1, [1.0, 0.5]),   # +0.25: above
+        "grpo-seed2-mean": run("multi", 2, [0.5, 0.0]),   # -0.25: below
+        "grpo-nomask-seed1-mean": run("multi", 1, [1.0, 1.0]),  # a comparison, not the target
+    }}
+    public = bench.public(result)
+    assert public["target_met"] == "1 of 2 seeds"
+    assert public["runs"]["grpo-seed1-mean"]["above_sft"] is True
+    assert public["runs"]["grpo-seed2-mean"]["gain_f1"]["gain"] == pytest.approx(-0.25)
+    assert "above_sft" not in public["runs"]["grpo-nomask-seed1-mean"]
+    assert all("per_question_f1" not in r for r in public["runs"].values())
