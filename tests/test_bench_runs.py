@@ -79,15 +79,20 @@ def test_rollout_limits_are_the_mappo_configs_own(runs, tmp_path: Path) -> None:
         "--max_new_tokens_generator", "16"]
 
 
-def _decision_bench(runs):
+def _bench(script: str):
+    """A bench script as a module (``runs`` first puts ``bench/`` on the path it imports from)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("decision_agent_bench",
-                                                  ROOT / "bench" / "decision_agent.py")
+    spec = importlib.util.spec_from_file_location(f"{script}_bench",
+                                                  ROOT / "bench" / f"{script}.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench
+
+
+def _decision_bench(runs):
+    return _bench("decision_agent")
 
 
 def test_decision_bench_repeats_only_the_known_questions(runs) -> None:
@@ -120,14 +125,7 @@ def test_decision_bench_reports_the_sampled_evaluations_apart(runs) -> None:
 
 
 def _search_bench(runs):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("search_agent_bench",
-                                                  ROOT / "bench" / "search_agent.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return _bench("search_agent")
 
 
 def test_search_bench_names_runs_by_variant_and_counts_its_target(runs) -> None:
