@@ -139,6 +139,21 @@ def bench_parser(doc: str, work_dir: str, seeds: tuple[int, ...] = (1, 2, 3)
     return parser
 
 
+def add_variant_option(parser: argparse.ArgumentParser, example: str) -> None:
+    """``--variant NAME``: a name for the RL overrides given, ending every RL run's folder name
+    (``example``), so runs with other overrides never resume or reuse each other in one work
+    dir while the warm starts are shared."""
+    parser.add_argument("--variant", default="",
+                        help=f"a name for the RL overrides given, appended to the RL runs' "
+                             f"folders ({example}), so that runs with other overrides never "
+                             f"resume or reuse each other in one work dir")
+
+
+def variant_suffix(variant: str) -> str:
+    """What a ``--variant`` name adds to an RL run's name: ``-NAME``, or nothing."""
+    return f"-{variant}" if variant else ""
+
+
 def add_sft_eval_options(parser: argparse.ArgumentParser, world_dir: str = "data/demo"
                          ) -> None:
     """The options of a bench that trains its own warm starts and evaluates on a world's test

@@ -36,6 +36,7 @@ from typing import Any
 from bench_runs import (
     RESULT,
     ROOT,
+    add_variant_option,
     bench_parser,
     code_version,
     last_checkpoint,
@@ -47,6 +48,7 @@ from bench_runs import (
     stage,
     train,
     training_tail,
+    variant_suffix,
 )
 
 from mmoa.fileio import atomic_write_json, atomic_write_jsonl, read_jsonl
@@ -173,7 +175,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = [(args.cost, seed) for seed in args.seeds] + [(c, args.seeds[0])
                                                           for c in args.curve_costs]
     for cost, seed in plan:
-        name = (f"grpo-cost{cost:g}-seed{seed}" + (f"-{args.variant}" if args.variant else "")
+        name = (f"grpo-cost{cost:g}-seed{seed}" + variant_suffix(args.variant)
                 + (f"-known{args.known_repeat}" if args.known_repeat > 1 else ""))
 
         def rl(cost: float = cost, seed: int = seed, name: str = name) -> dict[str, Any]:
@@ -297,10 +299,7 @@ def main() -> None:
     parser.add_argument("--split-dir", dest="split_dir", default="data/demo_decision")
     parser.add_argument("--sft-override", dest="sft_overrides", action="append", default=[],
                         help="key=value for the warm-start config (repeatable)")
-    parser.add_argument("--variant", default="",
-                        help="a name for the RL overrides given, appended to the RL runs' "
-                             "folders (grpo-cost0.2-seed1-NAME), so that runs with other "
-                             "overrides never resume or reuse each other in one work dir")
+    add_variant_option(parser, "grpo-cost0.2-seed1-NAME")
     parser.add_argument("--known-repeat", dest="known_repeat", type=int, default=1,
                         help="each known question N times in the RL prompt set (the runs' "
                              "folders get -knownN); the warm start and the test are unchanged")

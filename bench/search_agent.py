@@ -44,6 +44,7 @@ from bench_runs import (
     RESULT,
     ROOT,
     add_sft_eval_options,
+    add_variant_option,
     bench_parser,
     code_version,
     last_checkpoint,
@@ -56,6 +57,7 @@ from bench_runs import (
     stage,
     train,
     training_tail,
+    variant_suffix,
 )
 
 from mmoa.fileio import atomic_write_json
@@ -167,17 +169,12 @@ def _search_key(key: str) -> bool:
     return key in ("reward", "answer_f1", "kl") or key.startswith("search/")
 
 
-def _suffix(variant: str) -> str:
-    """What a ``--variant`` name adds to an RL run's name."""
-    return f"-{variant}" if variant else ""
-
-
 def plan(args: argparse.Namespace) -> list[tuple[str, str, int, list[str]]]:
     """(run name, arm, seed, extra RL overrides) of every RL run, in the order they run: the
     seeds first (the target), then the no-mask comparison (it reuses the multi-query SFT),
     then the single-query arm (its own SFT first). A ``--variant`` name ends every RL run's
     name, so runs with other overrides never resume or reuse each other in one work dir."""
-    end = _suffix(args.variant)
+    end = variant_suffix(args.variant)
     runs = [(f"grpo-seed{seed}{end}", "multi", seed, []) for seed in args.seeds]
     runs += [(f"grpo-nomask-seed{seed}{end}", "multi", seed,
               ["mappo_search_mask_information=false"]) for seed in args.nomask_seeds]
@@ -247,12 +244,13 @@ def public(result: dict[str, Any]) -> dict[str, Any]:
     runs = result["runs"]
     out: dict[str, Any] = {"config": result["config"], "runs": {}}
     met = []
+    end = variant_suffix(result["config"].get("variant", ""))
     for name, run in runs.items():
         entry = {k: v for k, v in run.items() if k != "per_question_f1"}
         base = runs.get(f"sft-{run['arm']}") if name.startswith("grpo") else None
         if base is not None:
             entry["gain_f1"] = paired_gain(base["per_question_f1"], run["per_question_f1"])
-            if name == f"grpo-seed{run['seed']}{_suffix(result['config'].get('variant', ''))}":
+            if name == f"grpo-seed{run['seed']}{end}":
                 entry["above_sft"] = entry["gain_f1"]["gain"] > 0
                 met.append(entry["above_sft"])
         out["runs"][name] = entry
@@ -302,9 +300,7 @@ def main() -> None:
                         metavar="LABEL=MODEL",
                         help="a three-agent model evaluated on the same questions (repeatable)")
     parser.add_argument("--steps", type=int, default=12, help="GRPO steps per run")
-    parser.add_argument("--variant", default="",
-                        help="a name for the RL overrides given, appended to the RL runs' "
-                             "names (grpo-seed1-NAME); the format SFTs are shared")
+    add_variant_option(parser, "grpo-seed1-NAME")
     parser.add_argument("--sft-steps", dest="sft_steps", type=int, default=40,
                         help="format-SFT steps (the demo config's)")
     add_sft_eval_options(parser)

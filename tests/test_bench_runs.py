@@ -124,14 +124,10 @@ def test_decision_bench_reports_the_sampled_evaluations_apart(runs) -> None:
     assert table[-1] == "| sft | 39 | 75.0 | 50.0 | 25 | 0.50 |"
 
 
-def _search_bench(runs):
-    return _bench("search_agent")
-
-
 def test_search_bench_names_runs_by_variant_and_counts_its_target(runs) -> None:
     import argparse
 
-    bench = _search_bench(runs)
+    bench = _bench("search_agent")
     args = argparse.Namespace(seeds=[1, 2], nomask_seeds=[1], single_seeds=[3], variant="mean")
     assert bench.plan(args) == [
         ("grpo-seed1-mean", "multi", 1, []),
