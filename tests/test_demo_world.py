@@ -58,9 +58,10 @@ def test_schema_and_ids(world) -> None:
     seen_questions: set[str] = set()
     for split, records in world.splits.items():
         for r in records:
+            resolved = {"resolved_decomposition"} if r["type"] == "bridge" else set()
             assert set(r) == {
                 "id", "question", "answers", "supporting_ids", "decomposition", "type"
-            }
+            } | resolved
             assert r["id"].startswith(f"{split}-")
             assert r["answers"] and all(isinstance(a, str) and a for a in r["answers"])
             assert r["supporting_ids"] and set(r["supporting_ids"]) <= known
@@ -75,6 +76,19 @@ def test_decompositions_are_non_empty(world) -> None:
             assert all(isinstance(s, str) and s.strip().endswith("?") for s in r["decomposition"])
             if r["type"] in ("bridge", "comparison"):
                 assert len(r["decomposition"]) == 2
+
+
+def test_bridge_hops_resolved_name_the_entity_the_first_hop_finds(world) -> None:
+    """A multi-turn agent asks its second hop about what the first found: the resolved hop
+    names the title of the second supporting passage, the first hop is asked unchanged."""
+    by_id = world.passage_by_id()
+    bridges = [r for records in world.splits.values() for r in records if r["type"] == "bridge"]
+    assert bridges
+    for r in bridges:
+        first, second = r["resolved_decomposition"]
+        assert first == r["decomposition"][0]
+        assert second != r["decomposition"][1]
+        assert by_id[r["supporting_ids"][1]]["title"] in second, r
 
 
 def test_every_answer_occurs_in_its_supporting_passages(world) -> None:

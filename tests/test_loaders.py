@@ -257,6 +257,21 @@ def test_record_defaults_and_validation() -> None:
         QARecord(id=3, question="What?")  # type: ignore[arg-type]
 
 
+def test_record_resolved_decomposition_round_trips_and_needs_one_hop_each() -> None:
+    record = QARecord(id="q", question="Where was the director of Nox born?", answers=["Tal"],
+                      decomposition=["Who directed Nox?", "Where was the director of Nox born?"],
+                      resolved_decomposition=["Who directed Nox?", "Where was Ada Brel born?"],
+                      type="bridge")
+    data = record.to_dict()
+    assert data["resolved_decomposition"] == ["Who directed Nox?", "Where was Ada Brel born?"]
+    assert QARecord.from_dict(json.loads(json.dumps(data))) == record
+    assert "resolved_decomposition" not in QARecord(id="q", question="W?").to_dict()
+    with pytest.raises(DataFormatError, match=r"one hop per 'decomposition' hop \(1\), got 2"):
+        QARecord(id="q", question="W?", decomposition=["A?"], resolved_decomposition=["A?", "B?"])
+    with pytest.raises(DataFormatError, match=r"one hop per 'decomposition' hop \(0\), got 1"):
+        QARecord(id="q", question="W?", resolved_decomposition=["A?"])
+
+
 def test_record_from_dict_errors() -> None:
     with pytest.raises(DataFormatError, match=r"^x\.jsonl:4: field 'answers' is missing$"):
         QARecord.from_dict({"id": "a", "question": "b"}, "x.jsonl:4")

@@ -11,6 +11,7 @@ the mask the same perturbation does change it, so the check can fail).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,8 @@ from mmoa.agents.search_tags import (
     search_prompt,
     split_queries,
 )
+from mmoa.data.records import QARecord
+from mmoa.data.search_agent_sft import plan_searches
 from mmoa.train.mappo.args import split_mappo_args
 from mmoa.train.mappo.ppo_math import compute_gae, pack_masked, policy_loss, unpack_masked
 
@@ -99,6 +102,31 @@ def test_pipeline_key_alias_and_ranges() -> None:
                         "another name")):
         with pytest.raises(ValueError, match=match):
             split_mappo_args(bad)
+
+
+# -- the SFT data's search plan ------------------------------------------------------------------
+
+
+def test_search_plan_asks_dependent_hops_in_turns_and_independent_ones_at_once() -> None:
+    bridge = QARecord(id="b", question="Where was the director of Nox born?", answers=["Tal"],
+                      decomposition=["Who directed Nox?", "Where was the director of Nox born?"],
+                      resolved_decomposition=["Who directed Nox?", "Where was Ada Brel born?"],
+                      type="bridge")
+    assert plan_searches(bridge) == [["Who directed Nox?"], ["Where was Ada Brel born?"]]
+    unresolved = dataclasses.replace(bridge, resolved_decomposition=None)
+    assert plan_searches(unresolved) == [["Who directed Nox?"],
+                                         ["Where was the director of Nox born?"]]
+    comparison = QARecord(id="c", question="Who was born first, A or B?", answers=["A"],
+                          decomposition=["When was A born?", "When was B born?"],
+                          type="comparison")
+    assert plan_searches(comparison) == [["When was A born?", "When was B born?"]]
+    assert plan_searches(comparison, query_mode="single") == [["When was A born?"],
+                                                              ["When was B born?"]]
+    assert plan_searches(comparison, max_queries=1) == [["When was A born?"],
+                                                        ["When was B born?"]]
+    titles = QARecord(id="t", question="?", answers=["x"], supporting_titles=["T1", "T2", "T1"])
+    assert plan_searches(titles) == [["T1", "T2"]]
+    assert plan_searches(QARecord(id="n", question="?", answers=["x"])) is None
 
 
 # -- packing a holed mask -----------------------------------------------------------------------

@@ -152,6 +152,8 @@ def test_sft_data_from_known_hops_is_masked_by_llamafactory(
             assert last.queries == record.decomposition, "independent hops in one search"
         else:
             assert len(last.queries) == 1
+            if sample["kind"] == "search_again":  # names what the first search found
+                assert last.queries == record.resolved_decomposition[1:], record
     # bridge questions search twice, in sequence
     assert any(s["kind"] == "search_again" for s in samples)
 

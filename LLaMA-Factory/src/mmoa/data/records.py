@@ -70,10 +70,13 @@ class QARecord:
     for anything loaded from a dataset file, and may be empty only for a record built at run time
     for an unlabelled question. ``supporting_ids`` are corpus passage ids (known for the demo
     world); ``supporting_titles`` are Wikipedia titles (HotpotQA and 2Wiki know titles, not
-    passage ids). ``decomposition`` is a reference list of sub-questions when the dataset has one.
+    passage ids). ``decomposition`` is a reference list of sub-questions when the dataset has one;
+    ``resolved_decomposition`` the same hops as asked after reading the earlier ones (a bridge
+    question's second hop names the entity the first found: what a multi-turn search agent
+    queries), where the dataset knows it (the demo world's bridge questions).
     ``group`` names the question's group for per-group scores (the decision agent's mixed sets:
-    ``known``, answerable without retrieval, and ``world``, only by retrieval); it is written
-    only when set, so files without groups are unchanged.
+    ``known``, answerable without retrieval, and ``world``, only by retrieval). ``group`` and
+    ``resolved_decomposition`` are written only when set, so files without them are unchanged.
     """
 
     id: str
@@ -84,6 +87,7 @@ class QARecord:
     decomposition: list[str] | None = None
     type: str | None = None
     group: str | None = None
+    resolved_decomposition: list[str] | None = None
 
     def __post_init__(self) -> None:
         where = f"QARecord {self.id!r}" if isinstance(self.id, str) else "QARecord"
@@ -93,6 +97,13 @@ class QARecord:
         _check_str_list(self.supporting_ids, "supporting_ids", where, optional=True)
         _check_str_list(self.supporting_titles, "supporting_titles", where, optional=True)
         _check_str_list(self.decomposition, "decomposition", where, optional=True)
+        _check_str_list(self.resolved_decomposition, "resolved_decomposition", where,
+                        optional=True)
+        hops = 0 if self.decomposition is None else len(self.decomposition)
+        if self.resolved_decomposition is not None and len(self.resolved_decomposition) != hops:
+            raise DataFormatError(
+                f"{where}: field 'resolved_decomposition' must have one hop per "
+                f"'decomposition' hop ({hops}), got {len(self.resolved_decomposition)}")
         if self.type is not None:
             _check_str(self.type, "type", where)
         if self.group is not None:
@@ -113,6 +124,8 @@ class QARecord:
         }
         if self.group is not None:
             out["group"] = self.group
+        if self.resolved_decomposition is not None:
+            out["resolved_decomposition"] = list(self.resolved_decomposition)
         return out
 
     @classmethod
@@ -147,4 +160,7 @@ class QARecord:
             ),
             type=None if record_type is None else _check_str(record_type, "type", where),
             group=None if group is None else _check_str(group, "group", where),
+            resolved_decomposition=_check_str_list(
+                obj.get("resolved_decomposition"), "resolved_decomposition", where, optional=True
+            ),
         )

@@ -8,7 +8,13 @@ trajectory can be written down:
 * **hops -> search turns.** Independent hops (``comparison`` and ``yes_no`` questions: each hop
   asks about one of two entities) go into ONE ``<search>`` with several queries (RAG-R1's
   parallel multi-query search, up to ``max_queries``); dependent hops (``bridge``: the second
-  asks about what the first finds) get one turn each, as do ``one_hop`` questions.
+  asks about what the first finds) get one turn each, as do ``one_hop`` questions. A dependent
+  hop is asked as an agent that has read the earlier information would ask it: the record's
+  ``resolved_decomposition`` names the bridge entity ("Where was Ada Brel born?", not "Where
+  was the director of Nox born?"). The reference wording finds the second passage for only a
+  quarter of the demo world's bridge questions (153 of 600 train questions in the top 5), so
+  without it most bridge trajectories fail ``require_support`` and the model learns to search
+  once.
   ``query_mode="single"`` gives every hop its own turn (the single-query baseline). A record
   without a decomposition but with ``supporting_titles`` searches its titles in one turn.
 * **information from the live server.** Every query is sent to the retrieval server (one batched
@@ -109,7 +115,8 @@ def plan_searches(record: QARecord, max_queries: int = SEARCH_MAX_QUERIES,
     """The queries of each search turn of a correct trajectory, or ``None`` when the record
     says nothing about its hops."""
     if record.decomposition:
-        hops = list(dict.fromkeys(h.strip() for h in record.decomposition if h.strip()))
+        asked = record.resolved_decomposition or record.decomposition
+        hops = list(dict.fromkeys(h.strip() for h in asked if h.strip()))
     elif record.supporting_titles:
         hops = list(dict.fromkeys(t.strip() for t in record.supporting_titles if t.strip()))
     else:
