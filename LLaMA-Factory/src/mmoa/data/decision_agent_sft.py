@@ -9,8 +9,8 @@ answers on dev:
 * ``world`` or no group (only retrieval answers it): ``[Search] query``, the ``[Documents]``
   observation the live server returns, then ``[Answer] gold``. The queries are the record's
   hops, one per search (its ``decomposition``, bridge entities named where the record
-  resolves them, else its ``supporting_titles``, the search
-  agent's single-query plan), else the question itself; a record needing more than
+  resolves them, else its ``supporting_titles``: the search agent's single-query plan),
+  else the question itself; a record needing more than
   ``max_searches`` searches is left out, and so is one whose documents miss a gold supporting
   passage (``require_support``, as the search agent's builder does).
 
