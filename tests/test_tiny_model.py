@@ -117,6 +117,9 @@ def test_bad_config_is_rejected_with_the_field_name(overrides: dict, message: st
 def test_iter_strings_collects_values_and_list_items() -> None:
     record = {"id": "q1", "n": 3, "answers": ["a", "", "b"], "nested": {"x": ["c", 4]}, "e": ""}
     assert list(iter_strings(record)) == ["q1", "a", "b", "c"]
+    # an annotation that re-phrases the world's text leaves the tokenizer's texts as they were
+    annotated = {**record, "resolved_decomposition": ["Where was Ada Brel born?"]}
+    assert list(iter_strings(annotated)) == ["q1", "a", "b", "c"]
 
 
 def test_texts_from_jsonl_and_errors(tmp_path: Path) -> None:
