@@ -560,9 +560,9 @@ class _Question:
     decomposition: list[str]
     type: str
     template: str = ""  # which yes/no question template made it (balanced per template)
-    #: bridge questions: the hops as asked by someone who has read the first hop's passage (its
-    #: answer, the bridge entity, named in the second hop); what a multi-turn agent searches for
-    resolved: list[str] | None = None
+    #: bridge questions: the last hop as asked by someone who has read the first hop's passage
+    #: (its answer, the bridge entity, named); what a multi-turn agent searches for
+    resolved_last_hop: str | None = None
 
 
 class _QuestionMaker:
@@ -627,21 +627,20 @@ class _QuestionMaker:
                            f"Where was the director of {f.title} born?"),
                 [d.city], [f.key, d.key],
                 [f"Who directed {f.title}?", f"Where was the director of {f.title} born?"],
-                "bridge", resolved=[f"Who directed {f.title}?", f"Where was {d.name} born?"]))
+                "bridge", resolved_last_hop=f"Where was {d.name} born?"))
             out.append(_Question(
                 self._pick(f"In what year was the director of {f.title} born?",
                            f"When was the person who directed {f.title} born?"),
                 [str(d.born)], [f.key, d.key],
                 [f"Who directed {f.title}?", f"When was the director of {f.title} born?"],
-                "bridge", resolved=[f"Who directed {f.title}?", f"When was {d.name} born?"]))
+                "bridge", resolved_last_hop=f"When was {d.name} born?"))
             studio = self.company[f.studio]
             out.append(_Question(
                 self._pick(f"Who founded the studio that produced {f.title}?",
                            f"The company that made {f.title} was founded by whom?"),
                 [studio.founder, self.person[studio.founder].last], [f.key, studio.key],
                 [f"Which studio produced {f.title}?", f"Who founded the studio of {f.title}?"],
-                "bridge",
-                resolved=[f"Which studio produced {f.title}?", f"Who founded {studio.name}?"]))
+                "bridge", resolved_last_hop=f"Who founded {studio.name}?"))
         for p in pool["person"]:
             city = self.city[p.city]
             out.append(_Question(
@@ -649,8 +648,7 @@ class _QuestionMaker:
                            f"{p.name} was born in which country?"),
                 self._country_aliases(city.country), [p.key, city.key],
                 [f"Where was {p.name} born?", f"Which country is the birthplace of {p.name} in?"],
-                "bridge",
-                resolved=[f"Where was {p.name} born?", f"Which country is {city.name} in?"]))
+                "bridge", resolved_last_hop=f"Which country is {city.name} in?"))
         for co in pool["company"]:
             city = self.city[co.city]
             out.append(_Question(
@@ -659,9 +657,7 @@ class _QuestionMaker:
                 self._country_aliases(city.country), [co.key, city.key],
                 [f"Where is {co.name} headquartered?",
                  f"Which country is the headquarters city of {co.name} in?"],
-                "bridge",
-                resolved=[f"Where is {co.name} headquartered?",
-                          f"Which country is {city.name} in?"]))
+                "bridge", resolved_last_hop=f"Which country is {city.name} in?"))
         return out
 
     def comparison(self, pool: dict[str, list[Any]], limit: int) -> list[_Question]:
@@ -870,7 +866,8 @@ def generate_demo_world(config: DemoWorldConfig | None = None) -> DemoWorld:
                 "answers": list(dict.fromkeys(q.answers)),
                 "supporting_ids": [key_to_id[k] for k in q.keys],
                 "decomposition": q.decomposition,
-                **({"resolved_decomposition": q.resolved} if q.resolved else {}),
+                **({"resolved_decomposition": [*q.decomposition[:-1], q.resolved_last_hop]}
+                   if q.resolved_last_hop else {}),
                 "type": q.type,
             }
             for i, q in enumerate(chosen)
