@@ -81,7 +81,7 @@ def make_data(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     report = work / "data" / "label_quality.json"
     command = mmoa_cli("data", "toa", *common, "--name", args.name, "--baselines",
                        "--samples_per_model", str(args.samples_per_model),
-                       "--report", str(report), "--no_progress")
+                       "--report", str(report), "--precision", args.precision, "--no_progress")
     for spec in args.models:
         command += ["--model", spec]
     run_logged([*command, *rollout_limits(MAPPO_CONFIG)], log)

@@ -55,6 +55,12 @@ def test_policy_prompts_and_shared_weights(policy: LocalModelPolicy) -> None:
     assert careful.system != prompt.system and careful.input == prompt.input
     with pytest.raises(ValueError, match="unknown model"):
         policy.prompt_for(PlayRequest("nope", prompt))
+    assert policy.resolved_precision in ("bf16", "fp32")  # auto, resolved for this machine
+
+
+def test_policy_rejects_an_unknown_precision(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="precision must be one of"):
+        LocalModelPolicy([ModelSpec.parse(_specs(tiny_model_dir)[0])], precision="fp16")
 
 
 def test_toa_synthesis_spends_the_budget_and_builds_canonical_records(
@@ -107,6 +113,9 @@ def test_cli_writes_sft_and_dpo_that_llamafactory_loads(
             "--max_samples", str(N_QUESTIONS), "--dataset_dir", str(tmp_path),
             "--name", "tiny_toa", "--retriever_url", tiny_server_url,
             "--samples_per_model", "2", "--k", "5", "--baselines", "--no_progress",
+            # fp32: the tiny model's samples (and so the DPO pairs below) are those of exact
+            # arithmetic on every machine, not of bf16 autocast where the CPU has it
+            "--precision", "fp32",
             *[a for spec in _specs(tiny_model_dir) for a in ("--model", spec)],
             *[a for agent, n in TOKENS.items() for a in (f"--max_new_tokens_{agent}", str(n))]]
     assert cli_main(args) == 0
@@ -119,6 +128,7 @@ def test_cli_writes_sft_and_dpo_that_llamafactory_loads(
                                        "ranking": True, "columns": DPO_COLUMNS}
     summary = json.loads((tmp_path / "tiny_toa_label_quality.json").read_text())
     assert summary["budget_per_question_and_agent"] == 4
+    assert summary["precision"] == "fp32"
     rows = {q["method"]: q for q in summary["label_quality"]}
     assert set(rows) == {"heuristic", "toa", "best_of_n"}
     assert rows["heuristic"]["answer_f1"] == 1.0, "the heuristic labels the gold answer"

@@ -16,6 +16,7 @@ from mmoa.defaults import (
     TOA_TAU,
 )
 from mmoa.fileio import DataFormatError, atomic_write_json
+from mmoa.precision import PRECISION_CHOICES
 
 METHOD_CHOICES = ("toa", "best_of_n")
 
@@ -61,6 +62,9 @@ def add_toa_arguments(parser: argparse.ArgumentParser) -> None:
     for agent, tokens in MAX_NEW_TOKENS.items():
         parser.add_argument(f"--max_new_tokens_{agent}", type=int, default=tokens,
                             help=f"new tokens of a {agent} response (default {tokens})")
+    parser.add_argument("--precision", default="auto", choices=PRECISION_CHOICES,
+                        help="of the models' generation: auto (bf16 autocast where the hardware "
+                             "has native bf16, as evaluation), bf16 or fp32")
     parser.add_argument("--report", help="label-quality JSON (default "
                         "DATASET_DIR/NAME_label_quality.json)")
     parser.add_argument("--no_progress", action="store_true", help="no progress bars")
@@ -99,7 +103,7 @@ def run_toa_command(args: argparse.Namespace,
         client.health()
         max_new = {a: getattr(args, f"max_new_tokens_{a}") for a in MAX_NEW_TOKENS}
         policy = LocalModelPolicy(specs, batch_size=args.batch_size, max_new_tokens=max_new,
-                                  seed=args.seed)
+                                  seed=args.seed, precision=args.precision)
         rewards = AgentRewards(
             qr=QRRecallReward(client, k=args.k),
             selector=SelectorReward(policy.answerer(args.answerer),
@@ -117,6 +121,7 @@ def run_toa_command(args: argparse.Namespace,
     summary: dict[str, object] = {
         "questions": len(records), "models": [s.name for s in specs],
         "budget_per_question_and_agent": budget, "alpha": args.alpha, "tau": args.tau,
+        "precision": policy.resolved_precision,
         "datasets": {}, "label_quality": []}
     qualities = []
     for method in methods:

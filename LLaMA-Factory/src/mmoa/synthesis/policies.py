@@ -29,6 +29,7 @@ from mmoa.agents.prompts import (
     refinement_prompt,
 )
 from mmoa.defaults import MAX_NEW_TOKENS, ROLLOUT_TEMPERATURE, ROLLOUT_TOP_P
+from mmoa.precision import Precision, autocast, resolve_precision
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -125,12 +126,17 @@ class _Loaded:
 @dataclass
 class LocalModelPolicy:
     """Local HF causal LMs served in-process: each model's requests of one agent go through one
-    batched ``generate`` per ``batch_size`` rows. Weights are loaded once per checkpoint."""
+    batched ``generate`` per ``batch_size`` rows. Weights are loaded once per checkpoint.
+
+    ``precision`` is :mod:`mmoa.precision`'s rule (``auto``: bf16 autocast where the hardware
+    has native bf16), the same as evaluation's, so the labels are sampled with the arithmetic
+    the models are evaluated and trained with; ``fp32`` reproduces results exactly."""
 
     specs: Sequence[ModelSpec]
     batch_size: int = 16
     max_new_tokens: dict[str, int] = field(default_factory=lambda: dict(MAX_NEW_TOKENS))
     seed: int = 0
+    precision: str = "auto"
     _pipelines: dict[str, RagPipeline] = field(default_factory=dict, init=False, repr=False)
     _loaded: dict[tuple[str, str, str | None], _Loaded] = field(default_factory=dict,
                                                                  init=False, repr=False)
@@ -145,6 +151,7 @@ class LocalModelPolicy:
             raise ValueError(f"model names must be distinct, got {names}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        self._precision: Precision = resolve_precision(self.precision)
         self.reseed(self.seed)
         for spec in self.specs:
             if spec.weights_key not in self._loaded:
@@ -161,6 +168,11 @@ class LocalModelPolicy:
     @property
     def models(self) -> list[str]:
         return [s.name for s in self.specs]
+
+    @property
+    def resolved_precision(self) -> Precision:
+        """``precision`` with ``auto`` resolved for this machine."""
+        return self._precision
 
     def reseed(self, seed: int) -> None:
         """Restart the sampling stream, so a dataset does not depend on what ran before it
@@ -191,7 +203,8 @@ class LocalModelPolicy:
             if agent == "selector":
                 processor = pipeline.selector_processor(
                     max(requests[i].num_candidates for i in rows))
-            calls = pipeline.generate(agent, prompts, processor)
+            with autocast(self._precision, _device_type(pipeline)):
+                calls = pipeline.generate(agent, prompts, processor)
             for i, call in zip(rows, calls, strict=True):
                 out[i] = call.response_text
         return out
@@ -206,7 +219,7 @@ class LocalModelPolicy:
         settings = GenerationSettings(do_sample=False, max_new_tokens=self.max_new_tokens)
         return ModelAnswerer(RagPipeline(loaded.model, loaded.tokenizer, spec.template, None,
                                          mode="g", settings=settings,
-                                         batch_size=self.batch_size))
+                                         batch_size=self.batch_size), self._precision)
 
 
 @dataclass
@@ -214,6 +227,7 @@ class ModelAnswerer:
     """The frozen Generator of the Selector's reward: greedy answers from given documents."""
 
     pipeline: RagPipeline
+    precision: Precision = "fp32"
 
     def answer(self, questions: Sequence[str], documents: Sequence[Sequence[str]]
                ) -> list[str]:
@@ -221,5 +235,11 @@ class ModelAnswerer:
 
         prompts = [generator_prompt(q, list(d)) for q, d in zip(questions, documents,
                                                                  strict=True)]
-        return [parse_answer(c.response_text).answer
-                for c in self.pipeline.generate("generator", prompts)]
+        with autocast(self.precision, _device_type(self.pipeline)):
+            calls = self.pipeline.generate("generator", prompts)
+        return [parse_answer(c.response_text).answer for c in calls]
+
+
+def _device_type(pipeline: RagPipeline) -> str:
+    """``cpu`` or ``cuda``: where the pipeline's model sits (for autocast)."""
+    return next(pipeline.model.parameters()).device.type
