@@ -93,6 +93,44 @@ PAINTINGS: tuple[tuple[str, str], ...] = (
     ("the ceiling of the Sistine Chapel", "Michelangelo"),
 )
 
+#: (country, answers): "On which continent is X?". Countries on two continents, on islands
+#: often named by their region (the Caribbean), and Australia (its answer is in the question)
+#: are left out; Egypt and Brazil are among the facts.
+CONTINENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    *((country, ("Europe",)) for country in (
+        "France", "Germany", "Italy", "Spain", "Portugal", "Poland", "Sweden", "Norway",
+        "Greece", "Ireland", "Austria", "Hungary", "the Netherlands", "Belgium", "Denmark",
+        "Finland", "Switzerland")),
+    *((country, ("Asia",)) for country in (
+        "Japan", "China", "India", "Thailand", "Vietnam", "South Korea", "Pakistan", "Nepal",
+        "Mongolia", "Indonesia", "the Philippines", "Bangladesh", "Iran", "Saudi Arabia",
+        "Malaysia")),
+    *((country, ("Africa",)) for country in (
+        "Kenya", "Nigeria", "Ethiopia", "Ghana", "Morocco", "South Africa", "Senegal",
+        "Tanzania", "Uganda", "Algeria", "Zimbabwe", "Angola")),
+    *((country, ("North America",)) for country in ("Canada", "the United States", "Mexico")),
+    *((country, ("South America",)) for country in (
+        "Argentina", "Chile", "Peru", "Colombia", "Venezuela", "Bolivia", "Ecuador", "Uruguay",
+        "Paraguay")),
+    ("New Zealand", ("Oceania",)), ("Fiji", ("Oceania",)),
+)
+
+#: (country, answers): "What language is mainly spoken in X?". Brazil, Mexico and Australia
+#: are among the facts; countries with two main languages are left out.
+LANGUAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("France", ("French",)), ("Germany", ("German",)), ("Italy", ("Italian",)),
+    ("Spain", ("Spanish",)), ("Portugal", ("Portuguese",)), ("Russia", ("Russian",)),
+    ("Japan", ("Japanese",)), ("China", ("Chinese", "Mandarin")), ("Greece", ("Greek",)),
+    ("the Netherlands", ("Dutch",)), ("Sweden", ("Swedish",)), ("Turkey", ("Turkish",)),
+    ("Argentina", ("Spanish",)), ("Egypt", ("Arabic",)), ("Saudi Arabia", ("Arabic",)),
+    ("Iran", ("Persian", "Farsi")), ("Israel", ("Hebrew",)), ("Norway", ("Norwegian",)),
+    ("Finland", ("Finnish",)), ("Hungary", ("Hungarian",)), ("South Korea", ("Korean",)),
+    ("Thailand", ("Thai",)), ("Vietnam", ("Vietnamese",)), ("Indonesia", ("Indonesian",)),
+    ("Chile", ("Spanish",)), ("Colombia", ("Spanish",)), ("Peru", ("Spanish",)),
+    ("the United States", ("English",)), ("Denmark", ("Danish",)),
+    ("the Czech Republic", ("Czech",)),
+)
+
 #: Other facts: (question, answers).
 FACTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("What is the largest planet in the solar system?", ("Jupiter",)),
@@ -165,6 +203,13 @@ def general_knowledge_questions() -> list[KnowledgeQuestion]:
     for i, (painting, painter) in enumerate(PAINTINGS):
         out.append(KnowledgeQuestion(f"gk-painter-{i}", f"Who painted {painting}?", (painter,),
                                      "painter"))
+    for i, (country, answers) in enumerate(CONTINENTS):
+        out.append(KnowledgeQuestion(f"gk-continent-{i}", f"On which continent is {country}?",
+                                     answers, "continent"))
+    for i, (country, answers) in enumerate(LANGUAGES):
+        out.append(KnowledgeQuestion(f"gk-language-{i}",
+                                     f"What language is mainly spoken in {country}?", answers,
+                                     "language"))
     for i, (question, answers) in enumerate(FACTS):
         out.append(KnowledgeQuestion(f"gk-fact-{i}", question, answers, "fact"))
     return out
