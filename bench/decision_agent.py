@@ -116,7 +116,7 @@ def evaluate(args: argparse.Namespace, model: Path, out: Path, policy: str = "mo
     run_logged([sys.executable, "evaluate/evaluate_qr_s_g.py", "--mode", "decision_agent",
           "--decision_policy", policy, "--model_name_or_path", str(model),
           "--template", "smollm2", "--data_file", data_file or f"{args.split_dir}/test.jsonl",
-          "--retriever_url", args.retriever_url, "--precision", "fp32",
+          "--retriever_url", args.retriever_url, "--precision", args.precision,
           "--output_dir", str(out), *sampling], out / "eval.log")
     metrics = json.loads((out / "metrics.json").read_text())
     return {"summary": summary(metrics), "per_question_f1": per_question_f1(out)}
@@ -299,6 +299,9 @@ def main() -> None:
     parser.add_argument("--split-dir", dest="split_dir", default="data/demo_decision")
     parser.add_argument("--sft-override", dest="sft_overrides", action="append", default=[],
                         help="key=value for the warm-start config (repeatable)")
+    parser.add_argument("--precision", default="fp32", choices=["auto", "bf16", "fp32"],
+                        help="of the evaluations (the demo configs train in fp32; with bf16 "
+                             "give bf16=true use_cpu=true to both trainings as well)")
     add_variant_option(parser, "grpo-cost0.2-seed1-NAME")
     parser.add_argument("--known-repeat", dest="known_repeat", type=int, default=1,
                         help="each known question N times in the RL prompt set (the runs' "
