@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mmoa.fileio import atomic_write_json
+from mmoa.precision import PRECISION_CHOICES
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "result.json"
@@ -154,6 +155,14 @@ def variant_suffix(variant: str) -> str:
     return f"-{variant}" if variant else ""
 
 
+def add_precision_option(parser: argparse.ArgumentParser, default: str = "fp32") -> None:
+    """``--precision`` of a bench's evaluations (:mod:`mmoa.precision`'s choices); the demo
+    configs train in fp32, so bf16 also needs ``bf16=true use_cpu=true`` for the trainings."""
+    parser.add_argument("--precision", default=default, choices=PRECISION_CHOICES,
+                        help=f"of the evaluations (default {default}; the demo configs train "
+                             "in fp32: with bf16 give bf16=true use_cpu=true to the trainings)")
+
+
 def add_sft_eval_options(parser: argparse.ArgumentParser, world_dir: str = "data/demo"
                          ) -> None:
     """The options of a bench that trains its own warm starts and evaluates on a world's test
@@ -162,8 +171,7 @@ def add_sft_eval_options(parser: argparse.ArgumentParser, world_dir: str = "data
     parser.add_argument("--world-dir", dest="world_dir", default=world_dir)
     parser.add_argument("--max-eval", dest="max_eval", type=int,
                         help="evaluate on the first N test questions only")
-    parser.add_argument("--precision", default="fp32", choices=["auto", "bf16", "fp32"],
-                        help="of the evaluations (the demo configs train in fp32)")
+    add_precision_option(parser)
     parser.add_argument("--sft-override", dest="sft_overrides", action="append", default=[],
                         help="key=value for the warm-start config (repeatable)")
 

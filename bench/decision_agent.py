@@ -36,6 +36,7 @@ from typing import Any
 from bench_runs import (
     RESULT,
     ROOT,
+    add_precision_option,
     add_variant_option,
     bench_parser,
     code_version,
@@ -299,9 +300,7 @@ def main() -> None:
     parser.add_argument("--split-dir", dest="split_dir", default="data/demo_decision")
     parser.add_argument("--sft-override", dest="sft_overrides", action="append", default=[],
                         help="key=value for the warm-start config (repeatable)")
-    parser.add_argument("--precision", default="fp32", choices=["auto", "bf16", "fp32"],
-                        help="of the evaluations (the demo configs train in fp32; with bf16 "
-                             "give bf16=true use_cpu=true to both trainings as well)")
+    add_precision_option(parser)
     add_variant_option(parser, "grpo-cost0.2-seed1-NAME")
     parser.add_argument("--known-repeat", dest="known_repeat", type=int, default=1,
                         help="each known question N times in the RL prompt set (the runs' "

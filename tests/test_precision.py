@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmoa.precision import autocast, cpu_has_bf16, resolve_precision, train_overrides
+from mmoa.precision import (
+    autocast,
+    cpu_has_bf16,
+    device_type_of,
+    resolve_precision,
+    train_overrides,
+)
 
 
 def test_cpu_bf16_is_read_from_the_cpu_flags() -> None:
@@ -37,3 +43,7 @@ def test_autocast_computes_in_bf16_only_when_asked() -> None:
         assert (a @ b).dtype == torch.bfloat16
     with autocast("fp32", "cpu"):
         assert (a @ b).dtype == torch.float32
+
+
+def test_device_type_is_where_the_parameters_sit() -> None:
+    assert device_type_of(torch.nn.Linear(2, 2)) == "cpu"

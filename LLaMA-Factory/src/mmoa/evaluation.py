@@ -51,7 +51,7 @@ from mmoa.defaults import (
 )
 from mmoa.fileio import atomic_write_json, atomic_write_jsonl
 from mmoa.metrics import DEFAULT_PROFILE, get_profile, score_answer
-from mmoa.precision import autocast, check_precision_name, resolve_precision
+from mmoa.precision import autocast, check_precision_name, device_type_of, resolve_precision
 
 if TYPE_CHECKING:
     from mmoa.agents.pipeline import Trace
@@ -388,7 +388,7 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
         pipeline = RagPipeline(model, tokenizer, config.template, retriever, mode=config.mode,
                                k=config.k, settings=settings)
     precision = resolve_precision(config.precision)
-    device_type = next(model.parameters()).device.type
+    device_type = device_type_of(model)
     rows: list[dict[str, Any]] = []
     timings: dict[str, float] = {}
     start = time.perf_counter()

@@ -16,7 +16,10 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
 
 Precision = Literal["fp32", "bf16"]
 PRECISION_CHOICES: tuple[str, ...] = ("auto", "bf16", "fp32")
@@ -67,6 +70,11 @@ def autocast(precision: Precision, device_type: str) -> Iterator[None]:
 
     with torch.autocast(device_type, dtype=torch.bfloat16):
         yield
+
+
+def device_type_of(model: torch.nn.Module) -> str:
+    """``cpu`` or ``cuda``: where a torch module's parameters sit (what :func:`autocast` needs)."""
+    return next(model.parameters()).device.type
 
 
 def main(argv: list[str] | None = None) -> int:

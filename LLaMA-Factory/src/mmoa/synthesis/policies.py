@@ -29,7 +29,7 @@ from mmoa.agents.prompts import (
     refinement_prompt,
 )
 from mmoa.defaults import MAX_NEW_TOKENS, ROLLOUT_TEMPERATURE, ROLLOUT_TOP_P
-from mmoa.precision import Precision, autocast, resolve_precision
+from mmoa.precision import Precision, autocast, device_type_of, resolve_precision
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -203,7 +203,7 @@ class LocalModelPolicy:
             if agent == "selector":
                 processor = pipeline.selector_processor(
                     max(requests[i].num_candidates for i in rows))
-            with autocast(self._precision, _device_type(pipeline)):
+            with autocast(self._precision, device_type_of(pipeline.model)):
                 calls = pipeline.generate(agent, prompts, processor)
             for i, call in zip(rows, calls, strict=True):
                 out[i] = call.response_text
@@ -235,11 +235,7 @@ class ModelAnswerer:
 
         prompts = [generator_prompt(q, list(d)) for q, d in zip(questions, documents,
                                                                  strict=True)]
-        with autocast(self.precision, _device_type(self.pipeline)):
+        with autocast(self.precision, device_type_of(self.pipeline.model)):
             calls = self.pipeline.generate("generator", prompts)
         return [parse_answer(c.response_text).answer for c in calls]
 
-
-def _device_type(pipeline: RagPipeline) -> str:
-    """``cpu`` or ``cuda``: where the pipeline's model sits (for autocast)."""
-    return next(pipeline.model.parameters()).device.type
