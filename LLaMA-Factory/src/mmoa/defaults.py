@@ -93,3 +93,7 @@ TOA_TAU = 0.1
 TOA_WIDTH_DIVISOR = 3
 TOA_SAMPLES_PER_MODEL = 4
 TOA_SELECTOR_SUPPORT_WEIGHT = 0.5
+# Questions searched together and kept on disk as one chunk by ``mmoa-cli data toa``: large
+# enough to fill generate's batches (16 rows) many times over, small enough that a stopped run
+# on a CPU loses minutes, not hours.
+TOA_CHUNK_SIZE = 20

@@ -110,8 +110,11 @@ def synthesise(
     rewards: AgentRewards,
     retriever: DocumentSearcher,
     config: ToaBuildConfig,
+    rng: random.Random | None = None,
 ) -> list[QuestionSynthesis]:
-    """Search the three agents in pipeline order (see the module docstring)."""
+    """Search the three agents in pipeline order (see the module docstring). ``rng`` shuffles
+    the candidates (default: a new stream seeded with ``config.seed``); a caller that
+    synthesises in parts passes one stream through all of them."""
     for record in records:
         if not record.answers:
             raise ValueError(f"record {record.id!r} has no gold answers; the rewards need them")
@@ -122,7 +125,7 @@ def synthesise(
                     for r, res in zip(records, qr_results, strict=True)]
     ranked = retrieve_all(retriever, [q for qs in subquestions for q in qs], config.k,
                           config.request_size)
-    rng = random.Random(config.seed)
+    rng = rng if rng is not None else random.Random(config.seed)
     candidates = []
     for qs in subquestions:
         merged = merge_candidates([ranked[q] for q in qs], config.k)

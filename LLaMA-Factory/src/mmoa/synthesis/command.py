@@ -11,6 +11,7 @@ from pathlib import Path
 from mmoa.defaults import (
     MAX_NEW_TOKENS,
     TOA_ALPHA,
+    TOA_CHUNK_SIZE,
     TOA_SAMPLES_PER_MODEL,
     TOA_SELECTOR_SUPPORT_WEIGHT,
     TOA_TAU,
@@ -68,13 +69,21 @@ def add_toa_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report", help="label-quality JSON (default "
                         "DATASET_DIR/NAME_label_quality.json)")
     parser.add_argument("--no_progress", action="store_true", help="no progress bars")
+    parser.add_argument("--chunk_size", type=int, default=TOA_CHUNK_SIZE,
+                        help="questions searched together and saved as one resumable chunk "
+                             f"(default {TOA_CHUNK_SIZE})")
+    parser.add_argument("--cache_dir", help="where finished chunks are kept, so a stopped run "
+                        "resumes (default DATASET_DIR/NAME_toa_chunks)")
+    parser.add_argument("--no_cache", action="store_true",
+                        help="keep no chunks: a stopped run starts again")
 
 
 def run_toa_command(args: argparse.Namespace,
                     records_loader: Callable[[argparse.Namespace], list]) -> int:
     """Run the search(es), write and register the datasets, print and write the summary."""
     from mmoa.retrieval.client import RetrievalClient
-    from mmoa.synthesis.builder import ToaBuildConfig, synthesise, wins_by_agent, write_datasets
+    from mmoa.synthesis.builder import ToaBuildConfig, wins_by_agent, write_datasets
+    from mmoa.synthesis.chunks import ChunkCache, synthesise_in_chunks
     from mmoa.synthesis.policies import LocalModelPolicy, ModelSpec
     from mmoa.synthesis.quality import format_quality_table, heuristic_quality, label_quality
     from mmoa.synthesis.rewards import (
@@ -92,6 +101,8 @@ def run_toa_command(args: argparse.Namespace,
                               tau=args.tau, width_limit=args.width_limit, seed=args.seed,
                               progress=not args.no_progress)
         search.validate(len(specs))
+        if args.chunk_size < 1:
+            raise ValueError(f"--chunk_size must be >= 1, got {args.chunk_size}")
         records = records_loader(args)
         if not records:
             raise ValueError("no question to synthesise data for")
@@ -114,6 +125,12 @@ def run_toa_command(args: argparse.Namespace,
         print(f"{prefix} {err} (nothing was written)", file=sys.stderr)
         return 2
 
+    cache = None
+    if not args.no_cache:
+        folder = Path(args.cache_dir or Path(args.dataset_dir) / f"{args.name}_toa_chunks")
+        cache = ChunkCache(folder, _cache_settings(args, specs, policy.resolved_precision))
+        print(f"finished chunks of {args.chunk_size} questions are kept in {folder} "
+              "(a rerun of this command resumes from them)")
     methods = [args.method]
     if args.baselines:
         methods += [m for m in METHOD_CHOICES if m != args.method]
@@ -128,8 +145,8 @@ def run_toa_command(args: argparse.Namespace,
         name = args.name if method == args.method else f"{args.name}_{method}"
         config = ToaBuildConfig(dataset_dir=args.dataset_dir, name=name, k=args.k,
                                 seed=args.seed, method=method, search=search)
-        policy.reseed(args.seed)
-        items = synthesise(records, policy, rewards, client, config)
+        items = synthesise_in_chunks(records, policy, rewards, client, config,
+                                     args.chunk_size, cache)
         written = write_datasets(items, args.dataset_dir, name)
         quality = label_quality(method, [i.record for i in items],
                                 [i.candidates for i in items], [i.selected for i in items],
@@ -153,3 +170,19 @@ def run_toa_command(args: argparse.Namespace,
     print(format_quality_table(qualities))
     print(f"label quality -> {report}")
     return 0
+
+
+def _cache_settings(args: argparse.Namespace, specs: list, precision: str) -> dict:
+    """Everything a chunk's labels depend on besides its questions (see
+    :mod:`mmoa.synthesis.chunks`); ``precision`` as resolved on this machine."""
+    from dataclasses import asdict
+
+    from mmoa.synthesis.chunks import model_fingerprint
+
+    names = ("samples_per_model", "alpha", "tau", "width_limit", "answerer", "support_weight",
+             "k", "seed", "batch_size", "chunk_size", "retriever_url",
+             *(f"max_new_tokens_{a}" for a in MAX_NEW_TOKENS))
+    return {**{n: getattr(args, n) for n in names}, "precision": precision,
+            "models": [{**asdict(s), "files": model_fingerprint(s.model_name_or_path),
+                        "adapter_files": model_fingerprint(s.adapter_name_or_path or "")}
+                       for s in specs]}

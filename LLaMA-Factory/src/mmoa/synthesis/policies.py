@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mmoa.agents.pipeline import GenerationSettings, RagPipeline
 from mmoa.agents.prompts import (
@@ -181,6 +181,23 @@ class LocalModelPolicy:
 
         self.seed = seed
         torch.manual_seed(seed)
+
+    def sampling_state(self) -> dict[str, Any]:
+        """The sampling stream's position (torch's generators), to continue it later."""
+        import torch
+
+        state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def restore_sampling_state(self, state: dict[str, Any]) -> None:
+        """Continue the sampling stream where :meth:`sampling_state` left it."""
+        import torch
+
+        torch.set_rng_state(state["cpu"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
 
     def prompt_for(self, request: PlayRequest) -> AgentPrompt:
         """The prompt the model sees: its variant of the agent prompt, as a refinement when
