@@ -49,6 +49,7 @@ def test_a_stopped_run_resumes_from_its_chunks_with_the_same_labels(
     for name, text in uninterrupted.items():
         assert (tmp_path / f"{name}.json").read_text() == text, name
     summary = json.loads((tmp_path / "chunked_label_quality.json").read_text())
+    assert summary["chunk_size"] == 2, "the samples depend on it: the summary records it"
     assert sum(summary["label_quality"][0]["wins"]["qr"]["wins"].values()) == 3
 
 

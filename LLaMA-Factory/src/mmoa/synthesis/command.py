@@ -138,7 +138,7 @@ def run_toa_command(args: argparse.Namespace,
     summary: dict[str, object] = {
         "questions": len(records), "models": [s.name for s in specs],
         "budget_per_question_and_agent": budget, "alpha": args.alpha, "tau": args.tau,
-        "precision": policy.resolved_precision,
+        "precision": policy.resolved_precision, "chunk_size": args.chunk_size,
         "datasets": {}, "label_quality": []}
     qualities = []
     for method in methods:
