@@ -34,7 +34,7 @@ from mmoa.synthesis.builder import QuestionSynthesis, ToaBuildConfig, synthesise
 from mmoa.synthesis.policies import LocalModelPolicy
 from mmoa.synthesis.rewards import AgentRewards
 
-__all__ = ["ChunkCache", "model_fingerprint", "synthesise_in_chunks"]
+__all__ = ["ChunkCache", "check_chunk_size", "model_fingerprint", "synthesise_in_chunks"]
 
 #: Bumped when the pickled layout changes, so old chunks are searched again, not misread.
 CACHE_FORMAT = 1
@@ -46,8 +46,14 @@ def model_fingerprint(path: str | Path) -> list[tuple[str, int, int]]:
     folder = Path(path)
     if not folder.is_dir():
         return []
-    return sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)
-                  for f in folder.iterdir() if f.is_file())
+    stats = [(f.name, f.stat()) for f in folder.iterdir() if f.is_file()]
+    return sorted((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats)
+
+
+def check_chunk_size(chunk_size: int) -> None:
+    """The one check of a chunk size (the command calls it before any model loads)."""
+    if chunk_size < 1:
+        raise ValueError(f"--chunk_size must be >= 1, got {chunk_size}")
 
 
 def _records_digest(records: Sequence[QARecord]) -> str:
@@ -112,8 +118,7 @@ def synthesise_in_chunks(
     seed is its index among all questions, and the policy's sampling stream continues from
     chunk to chunk; a chunk loaded from ``cache`` restores the streams as they were after it.
     """
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    check_chunk_size(chunk_size)
     policy.reseed(config.seed)
     shuffle = random.Random(config.seed)
     chunks = [records[i:i + chunk_size] for i in range(0, len(records), chunk_size)]

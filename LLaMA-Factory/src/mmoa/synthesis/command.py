@@ -83,7 +83,7 @@ def run_toa_command(args: argparse.Namespace,
     """Run the search(es), write and register the datasets, print and write the summary."""
     from mmoa.retrieval.client import RetrievalClient
     from mmoa.synthesis.builder import ToaBuildConfig, wins_by_agent, write_datasets
-    from mmoa.synthesis.chunks import ChunkCache, synthesise_in_chunks
+    from mmoa.synthesis.chunks import ChunkCache, check_chunk_size, synthesise_in_chunks
     from mmoa.synthesis.policies import LocalModelPolicy, ModelSpec
     from mmoa.synthesis.quality import format_quality_table, heuristic_quality, label_quality
     from mmoa.synthesis.rewards import (
@@ -101,8 +101,7 @@ def run_toa_command(args: argparse.Namespace,
                               tau=args.tau, width_limit=args.width_limit, seed=args.seed,
                               progress=not args.no_progress)
         search.validate(len(specs))
-        if args.chunk_size < 1:
-            raise ValueError(f"--chunk_size must be >= 1, got {args.chunk_size}")
+        check_chunk_size(args.chunk_size)
         records = records_loader(args)
         if not records:
             raise ValueError("no question to synthesise data for")
