@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -110,6 +111,32 @@ def stage(work: Path, name: str, produce: Callable[[], dict[str, Any]], script: 
     result["code"] = code_version(script)
     atomic_write_json(path, result)
     return result
+
+
+def restore_archived_stages(work: Path, archive: Path) -> list[str]:
+    """Copy each stage result kept in ``archive`` into ``work`` where ``work`` lacks it; the
+    stages restored, by name.
+
+    ``archive`` is a folder committed beside the bench JSON: a bench spanning sessions resumes
+    from it on a fresh checkout (where ``work``, under the ignored ``saves/``, is gone) instead
+    of repeating hours of CPU work."""
+    restored = []
+    for kept in sorted(archive.glob(f"*/{RESULT}")):
+        path = work / kept.parent.name / RESULT
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(kept, path)
+            restored.append(kept.parent.name)
+    return restored
+
+
+def archive_stages(work: Path, archive: Path) -> None:
+    """Copy every finished stage's result of ``work`` into ``archive`` (see
+    :func:`restore_archived_stages`)."""
+    for result in sorted(work.glob(f"*/{RESULT}")):
+        kept = archive / result.parent.name / RESULT
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(result, kept)
 
 
 def training_tail(output: Path, keep: Callable[[str], bool], last: int = 3) -> dict[str, float]:

@@ -16,7 +16,11 @@ label quality (QR gold recall, Selector precision / recall, answer EM / F1, whic
 test F1 of each warm start (mean over seeds) and of MAPPO after the best, with paired gains.
 
 Resumable: each finished stage writes ``<work-dir>/<stage>/result.json`` and is skipped next
-time; MAPPO resumes from its last checkpoint. Needs the demo world and its index served::
+time; MAPPO resumes from its last checkpoint. The results and the three datasets are also kept
+in ``--archive`` (committed beside the JSON), so a fresh checkout resumes from them: the search
+alone takes about two hours on 2 CPU cores. A warm-start model MAPPO needs but the checkout
+lacks is trained again (its stage rerun, test figures included). Needs the demo world and its
+index served::
 
     bash run_server.sh --index data/demo/index &
     python bench/toa_data.py --questions 100 --seeds 1 2 3 \\
@@ -28,6 +32,7 @@ Prints one JSON object and a table.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shutil
 import statistics
@@ -38,6 +43,7 @@ from typing import Any
 from bench_runs import (
     ROOT,
     add_sft_eval_options,
+    archive_stages,
     bench_parser,
     code_version,
     last_checkpoint,
@@ -45,17 +51,21 @@ from bench_runs import (
     paired_gain,
     per_question_f1,
     print_result,
+    restore_archived_stages,
     rollout_limits,
     run_logged,
     stage,
     train,
 )
 
+from mmoa.data.registry import read_dataset_info, register_datasets
 from mmoa.fileio import atomic_write_json
 
 SFT_CONFIG = "LLaMA-Factory/examples/demo/smollm2_full_sft.yaml"
 MAPPO_CONFIG = "LLaMA-Factory/examples/demo/smollm2_full_mappo.yaml"
 SCRIPT = "bench/toa_data.py"
+#: Where ``data sft`` / ``data toa`` write and register by default, and the SFT config reads.
+DATASET_DIR = ROOT / "data"
 DATASETS = ("heuristic", "best_of_n", "toa")
 #: The models of the search: zero-shot SmolLM2 plainly and with the careful prompt, and the
 #: demo warm start (trained on the heuristic labels of the whole train split).
@@ -86,6 +96,35 @@ def make_data(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         command += ["--model", spec]
     run_logged([*command, *rollout_limits(MAPPO_CONFIG)], log)
     return json.loads(report.read_text())
+
+
+def archive_datasets(args: argparse.Namespace, archive: Path) -> None:
+    """The three SFT datasets (gzipped) and their registry entries into ``archive/datasets``."""
+    info = read_dataset_info(DATASET_DIR)
+    folder = archive / "datasets"
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = {}
+    for dataset in DATASETS:
+        name = dataset_name(args, dataset)
+        entries[name] = info[name]
+        source = DATASET_DIR / info[name]["file_name"]
+        (folder / f"{source.name}.gz").write_bytes(gzip.compress(source.read_bytes(), mtime=0))
+    atomic_write_json(folder / "dataset_info.json", entries)
+
+
+def restore_datasets(args: argparse.Namespace, archive: Path) -> None:
+    """Write back and register the archived datasets the dataset folder lacks."""
+    folder = archive / "datasets"
+    entries = json.loads((folder / "dataset_info.json").read_text())
+    missing = {name: entry for name, entry in entries.items()
+               if not (DATASET_DIR / entry["file_name"]).is_file()}
+    for entry in missing.values():
+        target = DATASET_DIR / entry["file_name"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(gzip.decompress((folder / f"{entry['file_name']}.gz").read_bytes()))
+    if missing:
+        register_datasets(DATASET_DIR, missing)
+        print(f"[data] restored from {folder}: {', '.join(sorted(missing))}", flush=True)
 
 
 def evaluate(args: argparse.Namespace, model: Path, out: Path) -> dict[str, Any]:
@@ -137,13 +176,20 @@ def mappo(args: argparse.Namespace, work: Path, warm: str) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from mmoa.retrieval.client import RetrievalClient
 
-    work = ROOT / args.work_dir
+    work, archive = ROOT / args.work_dir, ROOT / args.archive
     RetrievalClient(args.retriever_url, timeout=120).wait_until_ready(timeout=60)
+    if restored := restore_archived_stages(work, archive):
+        print(f"[archive] stages restored from {archive}: {', '.join(restored)}", flush=True)
+    data = stage(work, "data", lambda: make_data(args, work), SCRIPT)
+    if (archive / "datasets").is_dir():
+        restore_datasets(args, archive)
+    else:
+        archive_datasets(args, archive)
     result: dict[str, Any] = {"config": {**vars(args), "code": code_version(SCRIPT)},
-                              "data": stage(work, "data", lambda: make_data(args, work), SCRIPT),
-                              "warm_starts": {}}
+                              "data": data, "warm_starts": {}}
 
     def record() -> None:
+        archive_stages(work, archive)
         if args.json_out:
             atomic_write_json(ROOT / args.json_out, public(result))
 
@@ -158,7 +204,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             record()
     if args.mappo:
         best = best_dataset(result)
-        warm = result["warm_starts"][f"sft-{best}-seed{args.seeds[0]}"]
+        name = f"sft-{best}-seed{args.seeds[0]}"
+        if not (Path(result["warm_starts"][name]["model"]) / "model.safetensors").is_file():
+            (work / name / "result.json").unlink()  # restored from the archive: train it again
+            result["warm_starts"][name] = stage(
+                work, name, lambda: warm_start(args, work, best, args.seeds[0]), SCRIPT)
+            record()
+        warm = result["warm_starts"][name]
         result["mappo"] = stage(work, "mappo", lambda: mappo(args, work, warm["model"]), SCRIPT)
         result["mappo"]["dataset"] = best
         print(f"[mappo after {best}] test F1 {100 * result['mappo']['test']['f1']:.1f}",
@@ -239,6 +291,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=5, help="candidates per question (the demo's)")
     parser.add_argument("--sft-steps", dest="sft_steps", type=int, default=20,
                         help="warm-start steps (the demo config's)")
+    parser.add_argument("--archive", default="bench/results/toa_data_smollm2",
+                        help="folder (committed) keeping the stage results and the datasets")
     parser.add_argument("--no-mappo", dest="mappo", action="store_false",
                         help="stop after the warm starts")
     add_sft_eval_options(parser)

@@ -60,6 +60,24 @@ def test_a_finished_stage_is_read_back_not_run_again(runs, tmp_path: Path) -> No
     assert json.loads((tmp_path / "sft" / "result.json").read_text()) == first
 
 
+def test_archived_stages_resume_a_fresh_checkout(runs, tmp_path: Path) -> None:
+    work, archive = tmp_path / "work", tmp_path / "archive"
+    runs.stage(work, "data", lambda: {"rows": 3}, "bench/toa_data.py")
+    (work / "sft-seed1").mkdir(parents=True)  # a stage still running: nothing to keep yet
+    runs.archive_stages(work, archive)
+    assert sorted(p.parent.name for p in archive.glob("*/result.json")) == ["data"]
+
+    fresh = tmp_path / "fresh"  # the work folder of a new checkout: gone
+    assert runs.restore_archived_stages(fresh, archive) == ["data"]
+    calls = []
+    kept = runs.stage(fresh, "data", lambda: calls.append(1) or {"rows": 0}, "bench/toa_data.py")
+    assert kept["rows"] == 3 and not calls
+    # a stage the work folder already has is never overwritten by the archive
+    (archive / "data" / "result.json").write_text('{"rows": 99}')
+    assert runs.restore_archived_stages(fresh, archive) == []
+    assert json.loads((fresh / "data" / "result.json").read_text())["rows"] == 3
+
+
 def test_paired_gain_by_hand(runs) -> None:
     before = {"a": 0.0, "b": 1.0, "c": 0.5}
     after = {"a": 1.0, "b": 1.0, "c": 0.0, "d": 1.0}  # d: not in before, left out
@@ -154,3 +172,31 @@ def test_search_bench_names_runs_by_variant_and_counts_its_target(runs) -> None:
     assert public["runs"]["grpo-seed2-mean"]["gain_f1"]["gain"] == pytest.approx(-0.25)
     assert "above_sft" not in public["runs"]["grpo-nomask-seed1-mean"]
     assert all("per_question_f1" not in r for r in public["runs"].values())
+
+
+def test_toa_bench_datasets_round_trip_through_the_archive(runs, tmp_path: Path,
+                                                           monkeypatch) -> None:
+    import argparse
+
+    import toa_data
+
+    from mmoa.data.registry import read_dataset_info, register_datasets
+
+    data, archive = tmp_path / "data", tmp_path / "archive"
+    monkeypatch.setattr(toa_data, "DATASET_DIR", data)
+    args = argparse.Namespace(name="toa_bench")
+    entries = {}
+    for dataset in toa_data.DATASETS:
+        name = toa_data.dataset_name(args, dataset)
+        data.mkdir(exist_ok=True)
+        (data / f"{name}.json").write_text(json.dumps([{"instruction": dataset}]))
+        entries[name] = {"file_name": f"{name}.json", "formatting": "alpaca"}
+    register_datasets(data, {**entries, "other": {"file_name": "other.json"}})
+    toa_data.archive_datasets(args, archive)
+
+    monkeypatch.setattr(toa_data, "DATASET_DIR", tmp_path / "fresh")
+    toa_data.restore_datasets(args, archive)
+    assert read_dataset_info(tmp_path / "fresh") == entries  # only the bench's three
+    for name in entries:
+        assert (tmp_path / "fresh" / f"{name}.json").read_text() == \
+            (data / f"{name}.json").read_text()
