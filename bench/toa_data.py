@@ -17,10 +17,10 @@ test F1 of each warm start (mean over seeds) and of MAPPO after the best, with p
 
 Resumable: each finished stage writes ``<work-dir>/<stage>/result.json`` and is skipped next
 time; MAPPO resumes from its last checkpoint. The results and the three datasets are also kept
-in ``--archive`` (committed beside the JSON), so a fresh checkout resumes from them: the search
-alone takes about two hours on 2 CPU cores. A warm-start model MAPPO needs but the checkout
-lacks is trained again (its stage rerun, test figures included). Needs the demo world and its
-index served::
+in ``--archive`` (committed beside the JSON; one archive per configuration), so a fresh
+checkout resumes from them: the two searches take about an hour on 2 CPU cores. A warm-start
+model MAPPO needs but the checkout lacks is trained again (its stage rerun, test figures
+included). Needs the demo world and its index served::
 
     bash run_server.sh --index data/demo/index &
     python bench/toa_data.py --questions 100 --seeds 1 2 3 \\
