@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_runs import (
+    RESULT,
     ROOT,
     add_sft_eval_options,
     archive_stages,
@@ -205,8 +206,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.mappo:
         best = best_dataset(result)
         name = f"sft-{best}-seed{args.seeds[0]}"
-        if not (Path(result["warm_starts"][name]["model"]) / "model.safetensors").is_file():
-            (work / name / "result.json").unlink()  # restored from the archive: train it again
+        model = Path(result["warm_starts"][name]["model"]) / "model.safetensors"
+        if not (work / "mappo" / RESULT).is_file() and not model.is_file():
+            (work / name / RESULT).unlink()  # restored from the archive: train it again
             result["warm_starts"][name] = stage(
                 work, name, lambda: warm_start(args, work, best, args.seeds[0]), SCRIPT)
             record()
