@@ -16,6 +16,7 @@ from mmoa.train.mappo.ppo_math import (
     masked_mean,
     masked_var,
     masked_whiten,
+    masked_whiten_by_group,
     per_token_kl,
     policy_loss,
     token_rewards,
@@ -446,3 +447,32 @@ def test_kl_controller_state_round_trip() -> None:
         resumed.load_state_dict(fixed.state_dict())
     with pytest.raises(ValueError, match="expected 'fixed'"):
         fixed.load_state_dict(state)
+
+
+def test_masked_whiten_by_group_whitens_each_agent_on_its_own() -> None:
+    # rows 0 and 2 are agent "a" (tokens 1, 3 | 5), row 1 is agent "b" (tokens 10, 30);
+    # row 1's third position and row 0's third are padding
+    x = torch.tensor([[1.0, 3.0, 99.0], [10.0, 30.0, 99.0], [5.0, 99.0, 99.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 0, 0]])
+    out = masked_whiten_by_group(x, mask, ["a", "b", "a"])
+    # agent a: mean 3, unbiased variance ((1-3)^2 + 0 + (5-3)^2) / 2 = 4, std 2
+    assert out[0, :2].tolist() == pytest.approx([-1.0, 0.0], abs=1e-6)
+    assert out[2, 0].item() == pytest.approx(1.0, abs=1e-6)
+    # agent b: mean 20, unbiased variance (100 + 100) / 1 = 200
+    b = 10.0 / math.sqrt(200.0)
+    assert out[1, :2].tolist() == pytest.approx([-b, b], abs=1e-6)
+    # padding stays 0
+    assert out[0, 2].item() == 0.0 and out[1, 2].item() == 0.0 and out[2, 1:].tolist() == [0, 0]
+    # pooled whitening of the same batch gives agent b's tokens large positive advantages
+    pooled = masked_whiten(x, mask)
+    assert pooled[1, 1].item() > 1.5 and out[1, 1].item() < 1.0
+
+
+def test_masked_whiten_by_group_single_token_group_is_zero() -> None:
+    x = torch.tensor([[2.0, 4.0], [7.0, 0.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    out = masked_whiten_by_group(x, mask, ["a", "b"])
+    assert out[1].tolist() == [0.0, 0.0]
+    assert out[0].tolist() == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2)], abs=1e-6)
+    with pytest.raises(ValueError, match="2 group names for 3 rows"):
+        masked_whiten_by_group(torch.zeros(3, 2), torch.ones(3, 2), ["a", "b"])

@@ -21,8 +21,9 @@ with the reward ``answer reward - retrieval cost x searches - malformed penalty`
 ``mappo_algorithm: grpo`` replaces the critic by group-relative advantages (``mappo_group_size``
 rollouts of the whole pipeline per question); the keys of the value head, GAE and the adaptive
 KL reward (``mappo_vf_coef``, ``mappo_cliprange_value``, ``mappo_gamma``, ``mappo_lam``,
-``mappo_whiten_advantages``, ``mappo_*kl_coef``, ``mappo_adaptive_kl``, ``mappo_kl_horizon``) are
-then not used, and the ``mappo_grpo_*`` keys and ``mappo_kl_loss_coef`` are (see docs/mappo.md).
+``mappo_whiten_advantages``, ``mappo_whiten_per_agent``, ``mappo_*kl_coef``,
+``mappo_adaptive_kl``, ``mappo_kl_horizon``) are then not used, and the ``mappo_grpo_*`` keys
+and ``mappo_kl_loss_coef`` are (see docs/mappo.md).
 """
 
 from __future__ import annotations
@@ -203,6 +204,10 @@ class MappoArguments:
         default=defaults.RATIO_THRESHOLD,
         metadata={"help": "Skip a PPO mini-batch whose mean probability ratio is above this."})
     mappo_whiten_advantages: bool = True
+    mappo_whiten_per_agent: bool = field(
+        default=False,
+        metadata={"help": "With mappo_whiten_advantages: whiten each agent's advantages over "
+                          "its own tokens (per-agent baselines) instead of the pooled batch."})
     mappo_max_nonfinite_steps: int = field(
         default=3, metadata={"help": "Consecutive non-finite losses before the run stops."}
     )

@@ -45,6 +45,7 @@ from mmoa.train.mappo.ppo_math import (
     logprobs_from_logits,
     masked_mean,
     masked_whiten,
+    masked_whiten_by_group,
     pack_masked,
     per_token_kl,
     policy_loss,
@@ -224,6 +225,8 @@ class PPOConfig:
     gamma: float = defaults.GAMMA
     lam: float = defaults.LAM
     whiten_advantages: bool = True
+    #: Whiten each agent's advantages over its own tokens instead of over the pooled batch.
+    whiten_per_agent: bool = False
     whiten_rewards: bool = False
     max_grad_norm: float = 1.0
     adaptive_kl: bool = True
@@ -388,7 +391,9 @@ class PPOLearner:
                                           self.config.gamma, self.config.lam)
         rewards, kl, advantages, returns = (unpack_masked(t, mask)
                                             for t in (rewards, kl, advantages, returns))
-        if self.config.whiten_advantages and mask.sum() > 1:
+        if self.config.whiten_advantages and self.config.whiten_per_agent:
+            advantages = masked_whiten_by_group(advantages, mask, [s.agent for s in samples])
+        elif self.config.whiten_advantages and mask.sum() > 1:
             advantages = masked_whiten(advantages, mask) * mask
         return Rollout(list(samples), full, old_logprobs, ref_logprobs, value_t, rewards, kl,
                        advantages, returns)

@@ -60,6 +60,7 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "masked_whiten_by_group",
     "pack_masked",
     "per_token_kl",
     "policy_loss",
@@ -196,6 +197,35 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) 
     if not shift_mean:
         whitened = whitened + mean
     return torch.where(m, whitened, torch.zeros((), dtype=whitened.dtype, device=x.device))
+
+
+def masked_whiten_by_group(x: torch.Tensor, mask: torch.Tensor, groups: Sequence[str]
+                           ) -> torch.Tensor:
+    """:func:`masked_whiten` applied to each group of rows on its own (``groups[i]`` names row
+    i's group, e.g. its agent), so every group's advantages have mean 0 and variance 1 over its
+    own tokens.
+
+    Why: pooled whitening (the original system's) ranks every agent's tokens against one mean,
+    so an agent whose samples score above the pooled mean (or whose responses are longer, and
+    so weigh more in a token mean) is pushed up as a whole, and the scale of one agent's signal
+    is set by the others' spread. Per agent, each agent learns only which of its own actions
+    did better than its own average, as MAPPO's per-agent baselines intend. A group with a
+    single masked token has no variance: it is only shifted to 0.
+    """
+    if len(groups) != x.shape[0]:
+        raise ValueError(f"{len(groups)} group names for {x.shape[0]} rows")
+    out = torch.zeros_like(x)
+    m = _bool_mask(x, mask)
+    for name in dict.fromkeys(groups):
+        rows = torch.tensor([g == name for g in groups], device=x.device)[:, None] & m
+        count = int(rows.sum())
+        if count == 0:
+            continue
+        if count == 1:
+            out = torch.where(rows, torch.zeros_like(x), out)
+            continue
+        out = torch.where(rows, masked_whiten(x, rows), out)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

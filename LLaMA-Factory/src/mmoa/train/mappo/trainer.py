@@ -182,6 +182,7 @@ class MappoTrainer(Trainer):
             gamma=mappo_args.mappo_gamma,
             lam=mappo_args.mappo_lam,
             whiten_advantages=mappo_args.mappo_whiten_advantages,
+            whiten_per_agent=mappo_args.mappo_whiten_per_agent,
             whiten_rewards=whiten_rewards,
             max_grad_norm=args.max_grad_norm,
             adaptive_kl=mappo_args.mappo_adaptive_kl,
