@@ -165,8 +165,12 @@ def _summary(metrics: dict[str, Any], eval_dir: Path) -> dict[str, Any]:
 
 
 #: The logged keys a MAPPO run's last steps are summarised by (rollout F1, reward, KL, step
-#: time and each agent's penalty rate).
-TAIL_KEYS = ("answer_f1", "reward", "kl", "time/step", *(f"penalty_rate/{a}" for a in AGENTS))
+#: time, each agent's penalty rate, and the per-agent statistics that show a collapse: the
+#: Selector's documents and gold recall, the candidates' gold recall, the answer's words, the
+#: drift monitor's flags; the run's training_agents.png draws them step by step).
+TAIL_KEYS = ("answer_f1", "reward", "kl", "time/step", *(f"penalty_rate/{a}" for a in AGENTS),
+             "num_selected", "selected_gold_recall", "candidate_gold_recall", "answer_words",
+             "drift_flags")
 
 
 def _training_tail(output_dir: Path, last: int = 5) -> dict[str, float]:

@@ -62,7 +62,7 @@ def test_three_steps_write_checkpoints_logs_and_plots(full_run: Path) -> None:
             assert (checkpoint / name).is_file(), f"{checkpoint.name}/{name}"
     for name in ("model.safetensors", "value_head.safetensors", "tokenizer.json",
                  "trainer_state.json", "training_loss.png", "training_reward.png",
-                 "training_kl.png", "training_answer_f1.png"):
+                 "training_kl.png", "training_answer_f1.png", "training_agents.png"):
         assert (full_run / name).is_file(), name
     # save_steps 1 and the end of training both ask for checkpoint-3: written once
     assert CHECKPOINT_WRITES == [1, 2, 3]
@@ -75,8 +75,15 @@ def test_three_steps_write_checkpoints_logs_and_plots(full_run: Path) -> None:
     for key in ("reward", "answer_f1", "kl", "kl_coef", "policy_loss", "value_loss", "entropy",
                 "clipfrac", "approx_kl", "reward/qr", "reward/selector", "reward/generator",
                 "penalty_rate/selector", "response_length/qr", "time/generate",
-                "time/retrieve", "time/score", "time/update"):
+                "time/retrieve", "time/score", "time/update",
+                # per agent: the tiny world's questions name their gold passages
+                "selected_gold_recall", "candidate_gold_recall", "answer_words", "drift_flags",
+                *(f"{stat}/{agent}" for stat in ("kl", "entropy")
+                  for agent in ("qr", "selector", "generator"))):
         assert key in keys, key
+    assert history[0]["drift_flags"] == 0.0, "the first step is every statistic's baseline"
+    # the web UI's log carries the per-agent panels' keys
+    assert all("num_selected" in entry and "kl/selector" in entry for entry in log)
     assert history[0]["kl"] == pytest.approx(0.0, abs=1e-6), "policy == reference at step 1"
 
 

@@ -26,3 +26,55 @@ def test_plots_are_saved_and_their_figures_closed(tmp_path: Path) -> None:
     assert (tmp_path / "training_loss.png").stat().st_size > 0
     assert set(plt.get_fignums()) == open_before
     plt.close(kept)
+
+
+def _collapse_history() -> list[dict[str, float]]:
+    """Six MAPPO steps in which the Selector falls from 4.9 documents to 1."""
+    history = []
+    for step, selected in enumerate((4.9, 4.9, 3.5, 2.0, 1.0, 1.0), start=1):
+        entry = {"step": step, "loss": 0.5, "reward": 0.4, "num_selected": selected,
+                 "selected_gold_recall": 0.76 * selected / 4.9, "num_subquestions": 2.0,
+                 "candidate_gold_recall": 0.8, "answer_words": 2.5, "drift_flags": 0.0}
+        for agent in ("qr", "selector", "generator"):
+            entry |= {f"reward/{agent}": 0.4, f"kl/{agent}": 0.01 * step,
+                      f"entropy/{agent}": 1.0, f"penalty_rate/{agent}": 0.0}
+        history.append(entry)
+    return history
+
+
+def test_the_per_agent_figure_is_saved(tmp_path: Path) -> None:
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mmoa.train.plots import AGENT_PLOT_FILE, save_agent_plot
+
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history":
+                                                             _collapse_history()}))
+    open_before = set(plt.get_fignums())
+    path = save_agent_plot(tmp_path)
+    assert path == tmp_path / AGENT_PLOT_FILE == tmp_path / "training_agents.png"
+    assert path.stat().st_size > 0
+    assert set(plt.get_fignums()) == open_before
+    # a run that logged no per-agent statistic (another pipeline) gets no empty figure
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "trainer_state.json").write_text(json.dumps({"log_history": [
+        {"step": 1, "loss": 0.5, "reward": 0.1}]}))
+    assert save_agent_plot(other) is None and not (other / AGENT_PLOT_FILE).exists()
+
+
+def test_the_web_ui_plot_adds_the_per_agent_panels() -> None:
+    pytest.importorskip("matplotlib")
+    from mmoa.train.plots import AGENT_PANELS
+    from mmoa.webui.plots import mappo_plot
+
+    log = [{"current_steps": e["step"], **{k: v for k, v in e.items() if k != "step"}}
+           for e in _collapse_history()]
+    figure = mappo_plot(log)
+    titles = [ax.get_title() for ax in figure.axes]
+    assert titles[:2] == ["", ""] and titles[2:2 + len(AGENT_PANELS)] == [
+        p.title for p in AGENT_PANELS]
+    selector = figure.axes[2]
+    assert list(selector.lines[0].get_ydata()) == [4.9, 4.9, 3.5, 2.0, 1.0, 1.0]
+    assert selector.get_ylim()[0] == 0.0, "a fall to one document is drawn from 0"

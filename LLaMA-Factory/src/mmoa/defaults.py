@@ -97,3 +97,12 @@ TOA_SELECTOR_SUPPORT_WEIGHT = 0.5
 # enough to fill generate's batches (16 rows) many times over, small enough that a stopped run
 # on a CPU loses minutes, not hours.
 TOA_CHUNK_SIZE = 20
+
+# The MAPPO drift monitor (:mod:`mmoa.train.mappo.agent_stats`): an agent statistic is flagged,
+# and warned about once per run, when it moves this far from its value at the first step: the
+# Selector's mean documents falls to this fraction of it or less (the demo's collapse went from
+# 4.9 to 1), the gold recall of the selection or the candidates' gold recall falls by more than
+# this many points (fractions: 0.20 = 20 points), or the answer length grows to this multiple.
+DRIFT_SELECTED_FRACTION = 0.5
+DRIFT_RECALL_DROP = 0.20
+DRIFT_ANSWER_WORDS_RATIO = 2.0

@@ -18,7 +18,8 @@ our UI with theirs). Instead :func:`apply_patches` changes a few module-level na
    makes our trainer's ``LogCallback`` feed the progress bar, log and Stop button unchanged;
 4. ``runner.gen_cmd`` previews a MAPPO run as the YAML that Start writes plus the ``mmoa-cli``
    command that runs it (``llamafactory-cli train --stage mappo`` would be refused);
-5. ``runner.get_trainer_info`` plots loss and reward for our stages' runs;
+5. ``runner.get_trainer_info`` plots loss and reward for our stages' runs, and below them the
+   per-agent panels of a three-agent MAPPO run (:mod:`mmoa.webui.plots`);
 6. ``interface.create_train_tab`` adds the MAPPO and Retriever RL accordions: the widgets are
    created with
    ``render=False`` and slipped into the tab's input set (through a temporary

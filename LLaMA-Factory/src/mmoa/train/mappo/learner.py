@@ -401,7 +401,8 @@ class PPOLearner:
     # -- the update ----------------------------------------------------------------------------
 
     def update(self, rollout: Rollout) -> dict[str, float]:
-        """``ppo_epochs`` epochs of mini-batch updates; returns averaged statistics."""
+        """``ppo_epochs`` epochs of mini-batch updates; returns averaged statistics, with
+        ``entropy/<agent>`` the mean over each agent's response tokens of every update."""
         cfg = self.config
         self.model.train()
         stats: dict[str, list[float]] = defaultdict(list)
@@ -441,7 +442,8 @@ class PPOLearner:
                     continue
                 stats["grad_norm"].append(float(grad_norm) if grad_norm is not None else 0.0)
                 self.optimizer.step()
-        out = {k: sum(v) / len(v) for k, v in stats.items() if v}
+        out = fold_agent_token_means(stats)
+        out.update({k: sum(v) / len(v) for k, v in stats.items() if v})
         out["skipped_updates"] = float(skipped)
         out["ratio_skips"] = float(ratio_skips)
         out["updates"] = float(cfg.ppo_epochs * math.ceil(len(range(0, n, micro))
@@ -487,6 +489,8 @@ class PPOLearner:
             "entropy": float(masked_mean(entropy, mask).detach()) if entropy is not None else 0.0,
             **{k: float(v) for k, v in pg_stats.items()},
         }
+        if entropy is not None:
+            step_stats.update(agent_token_sums("entropy", samples, entropy.detach(), mask))
         if cfg.is_grpo:
             loss = pg_loss
             if cfg.kl_loss_coef > 0:
@@ -524,6 +528,19 @@ class PPOLearner:
         mean_kl = kl_sum / count
         self.kl_ctl.update(mean_kl, count)
         return mean_kl
+
+    @staticmethod
+    def agent_kl(rollout: Rollout) -> dict[str, float]:
+        """``kl/<agent>``: the mean per-token KL to the reference (k1, as :meth:`update_kl`)
+        over each agent's response tokens, so that one agent drifting from the warm start is
+        not averaged away by the others; empty without reference log-probs. Per token rather
+        than per sample (the pooled ``kl``): the agents' responses differ in length by tens
+        of tokens, and a per-sample sum would rank them by length."""
+        if rollout.ref_logprobs is None:
+            return {}
+        kl = per_token_kl(rollout.old_logprobs, rollout.ref_logprobs).detach()
+        sums = agent_token_sums("kl", rollout.samples, kl, rollout.batch.response_mask)
+        return fold_agent_token_means({key: [value] for key, value in sums.items()})
 
     def _agreed_skip(self, loss: torch.Tensor, step_stats: dict[str, float]) -> str | None:
         """Whether to leave this micro-batch's update out, and why (``NONFINITE``, ``RATIO``),
@@ -586,6 +603,41 @@ def rollout_diagnostics(rollout: Rollout) -> dict[str, float]:
     scores = torch.tensor([s.score for s in rollout.samples], dtype=torch.float64)
     out["score_std"] = float(scores.std(unbiased=False)) if len(scores) else 0.0
     return dict(out)
+
+
+#: Suffixes of the per-agent token sums and counts that :func:`agent_token_sums` hands to
+#: :func:`fold_agent_token_means` through the update's statistics.
+_TOKEN_SUM, _TOKEN_COUNT = ":token_sum", ":tokens"
+
+
+def agent_token_sums(name: str, samples: Sequence[Sample], values: torch.Tensor,
+                     mask: torch.Tensor) -> dict[str, float]:
+    """``<name>/<agent>:token_sum`` and ``<name>/<agent>:tokens``: the sum of ``values``
+    (``[B, T]``, row-aligned with ``samples``) over each agent's masked response tokens, and
+    their count. Sums, not means: a mini-batch holds any mix of agents, and only the sums over
+    all mini-batches give each agent's mean over its own tokens."""
+    keep = mask.bool()
+    totals = torch.where(keep, values.float(), 0.0).sum(dim=1).tolist()  # padding may be inf
+    counts = keep.sum(dim=1).tolist()
+    out: dict[str, float] = defaultdict(float)
+    for sample, total, count in zip(samples, totals, counts, strict=True):
+        out[f"{name}/{sample.agent}{_TOKEN_SUM}"] += total
+        out[f"{name}/{sample.agent}{_TOKEN_COUNT}"] += count
+    return dict(out)
+
+
+def fold_agent_token_means(stats: dict[str, list[float]]) -> dict[str, float]:
+    """Removes the :func:`agent_token_sums` entries from ``stats`` (lists of them, one per
+    mini-batch) and returns ``<name>/<agent>``: the sums over the count of tokens; an agent
+    with no token is left out."""
+    out: dict[str, float] = {}
+    for key in [k for k in stats if k.endswith(_TOKEN_SUM)]:
+        name = key.removesuffix(_TOKEN_SUM)
+        total = sum(stats.pop(key))
+        count = sum(stats.pop(name + _TOKEN_COUNT, []))
+        if count > 0:
+            out[name] = total / count
+    return out
 
 
 def nothing_to_learn(rollout: Rollout, stats: dict[str, float]) -> str | None:

@@ -59,6 +59,7 @@ from mmoa.agents.pipeline import GenerationSettings, RagPipeline, Trace
 from mmoa.agents.render import PromptRenderer
 from mmoa.data.records import QARecord
 from mmoa.fileio import atomic_dir, atomic_write_json
+from mmoa.train.mappo.agent_stats import DRIFT_FLAGS_KEY, DriftMonitor, step_agent_stats
 from mmoa.train.mappo.args import MappoArguments
 from mmoa.train.mappo.checkpoint_files import (
     CHECKPOINT_PREFIX,
@@ -201,6 +202,8 @@ class MappoTrainer(Trainer):
         self.checkpoint_companions: list[Any] = []
         self._stop = StopRequest()
         self._nonfinite_in_a_row = 0
+        #: Warns when an agent's statistic drifts from its first step's (a Selector collapse).
+        self.drift = DriftMonitor()
         #: The step the last checkpoint of this run holds: the last step can ask for one
         #: several times (save_steps, the end of training, a stop signal).
         self._saved_step: int | None = None
@@ -327,6 +330,8 @@ class MappoTrainer(Trainer):
                 samples.append(Sample(agent, call.prompt_ids, call.response_ids,
                                       rewards.totals[agent], call.sampling_logprobs))
         summary = {k: float(np.mean(v)) for k, v in logs.items()}
+        # gold recall / precision of the selection, candidate recall, answer words
+        summary.update(step_agent_stats(repeated, traces))
         if self.mappo_args.is_grpo:
             samples, group_logs = group_samples(
                 outcomes, copies, agents, self.mappo_args.mappo_grpo_normalise,
@@ -407,6 +412,8 @@ class MappoTrainer(Trainer):
         start_step = 0
         if resume_from_checkpoint:
             start_step = self.load_mappo_checkpoint(resume_from_checkpoint, learner)
+            # baselines of the run's first step; what was warned about stays warned
+            self.drift.replay(self.state.log_history)
         self.state.max_steps = self.total_steps
         self.state.num_train_epochs = math.ceil(self.total_steps / self.steps_per_epoch)
         self.state.logging_steps = self.args.logging_steps
@@ -480,6 +487,7 @@ class MappoTrainer(Trainer):
             logs.update({"updates": 0.0, "kl_coef": float(learner.kl_ctl.value),
                          "learning_rate": float(self.optimizer.param_groups[0]["lr"]),
                          **self._time_logs(timings, t0, t1, t1, time.perf_counter())})
+            self._watch_drift(step, logs)
             return {k: round(v, 6) if isinstance(v, float) else v for k, v in logs.items()}
         if self._any_process(not any(s.response_ids for s in samples)):
             # decided together: one process updating alone would wait in the all-reduce
@@ -524,6 +532,9 @@ class MappoTrainer(Trainer):
         logs.update({key: stats.get(key, float("nan")) for key in losses})
         if kl is not None:  # grpo with the KL loss off computes no reference log-probs
             logs["kl"] = kl
+        # per optimised agent: KL to the warm start and entropy, each over its own tokens
+        logs.update(learner.agent_kl(rollout))
+        logs.update({k: v for k, v in stats.items() if k.startswith("entropy/")})
         logs.update({
             "ratio_skips": stats.get("ratio_skips", 0.0),
             "dropped_empty": float(learner.dropped_empty),
@@ -532,7 +543,20 @@ class MappoTrainer(Trainer):
             **self._time_logs(timings, t0, t1, t2, t3),
         })
         logs = self._mean_over_processes(logs)
+        self._watch_drift(step, logs)
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in logs.items()}
+
+    def _watch_drift(self, step: int, logs: dict[str, float]) -> None:
+        """Adds the step's drift flag count to ``logs`` (the mean over processes: the same on
+        every one) and warns, from the main process only, about each statistic that crossed its
+        threshold for the first time."""
+        report = self.drift.observe(step + 1, logs)
+        if report is None:
+            return
+        logs[DRIFT_FLAGS_KEY] = float(report.flags)
+        if self.is_world_process_zero():
+            for line in report.warnings:
+                mappo_logger().warning(line)
 
     def _advance_lr_schedule(self) -> None:
         """One step of the learning-rate schedule per rollout step, updated or not (a step
@@ -571,14 +595,22 @@ class MappoTrainer(Trainer):
         return bool(self._all_reduce_sum(torch.tensor([float(flag)])).item() > 0)
 
     def _mean_over_processes(self, logs: dict[str, float]) -> dict[str, float]:
-        """Every process rolled out its own questions: log the mean over all of them."""
+        """Every process rolled out its own questions: log the mean over all of them.
+
+        A key that only some processes log (an agent whose samples were all dropped on one,
+        a step whose questions have gold passages on one only) is the mean over those that
+        have it; the reduction runs over the union of the keys, so every process reduces the
+        same vector."""
         if self.args.world_size <= 1:
             return logs
-        keys = sorted(logs)
-        values = torch.tensor([float(logs[k]) for k in keys], dtype=torch.float64,
-                              device=self.accelerator.device)
-        values = self.accelerator.reduce(values, reduction="mean")
-        return dict(zip(keys, values.tolist(), strict=True))
+        from accelerate.utils import gather_object
+
+        keys = sorted(set(gather_object(sorted(logs))))
+        values = torch.tensor([[float(logs.get(k, 0.0)), float(k in logs)] for k in keys],
+                              dtype=torch.float64, device=self.accelerator.device)
+        totals = self.accelerator.reduce(values, reduction="sum")
+        return {key: total / count for key, (total, count) in zip(keys, totals.tolist(),
+                                                                  strict=True) if count > 0}
 
     def _pad_id(self) -> int:
         tokenizer = self.processing_class

@@ -141,7 +141,7 @@ def _leave_process_group() -> None:
 def run_mappo(config: dict[str, Any], callbacks: list[Any] | None = None) -> None:
     import torch
 
-    from mmoa.train.plots import save_training_plots
+    from mmoa.train.plots import save_agent_plot, save_training_plots
 
     trainer, training_args, finetuning_args = build_mappo_trainer(config, callbacks)
     torch.manual_seed(training_args.seed)
@@ -154,6 +154,8 @@ def run_mappo(config: dict[str, Any], callbacks: list[Any] | None = None) -> Non
         if finetuning_args.plot_loss:
             grpo = trainer.mappo_args.is_grpo
             save_training_plots(output, GRPO_PLOT_KEYS if grpo else PLOT_KEYS)
+            if trainer.mappo_args.mappo_pipeline == "qr_s_g":
+                save_agent_plot(output)  # training_agents.png: one panel per agent statistic
 
 
 def logged_steps_until(output_dir: str | None, checkpoint: str | None) -> str | None:
@@ -181,10 +183,10 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
     """``(trainer, training_args, finetuning_args)`` with every check done and models loaded."""
     from llamafactory.hparams import get_train_args
     from llamafactory.model import load_model, load_tokenizer
-    from llamafactory.train.callbacks import LogCallback
     from llamafactory.train.trainer_utils import create_ref_model
 
     from mmoa.train.mappo.learner import PolicyWithValue
+    from mmoa.train.mappo.log_callback import MappoLogCallback
     from mmoa.train.mappo.trainer import MappoTrainer
     from mmoa.train.mappo.value_head import ValueHead
 
@@ -234,7 +236,7 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
         retriever=retriever, args=training_args, mappo_args=mappo_args,
         ppo_epochs=finetuning_args.ppo_epochs, kl_target=finetuning_args.ppo_target,
         whiten_rewards=finetuning_args.ppo_whiten_rewards,
-        callbacks=[LogCallback(), *(callbacks or [])],
+        callbacks=[MappoLogCallback(), *(callbacks or [])],
     )
     from mmoa.train.mappo.joint_retriever import build_joint_retriever
 

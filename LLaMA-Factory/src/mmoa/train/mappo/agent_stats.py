@@ -1,0 +1,187 @@
+"""Per-agent statistics of a three-agent (``qr_s_g``) MAPPO step, and the drift monitor.
+
+Why this exists: on one shared backbone the joint update can raise the pooled reward while one
+agent collapses. The demo's MAPPO run moved the Selector from 4.9 kept documents to exactly 1
+(gold recall of the selection 76 -> 37 %) while loss, reward and KL looked ordinary. These
+statistics are what shows such a collapse, step by step, and :class:`DriftMonitor` says so in
+the log the step it happens instead of after the evaluation.
+
+The statistics are pure functions of the step's traces and records (no model), computed the way
+the evaluation computes its table (:mod:`mmoa.evaluation`, :class:`mmoa.data.support.GoldSupport`:
+passages matched to the record's gold ones by id, else by title), so a training curve and the
+evaluation's ``S rec%`` / ``cand rec%`` columns mean the same thing:
+
+* ``selected_gold_recall`` / ``selected_gold_precision``: share of the record's gold passages
+  among the selected documents, and share of the selected documents that are gold;
+* ``candidate_gold_recall``: share of the gold passages among the K candidates the Query
+  Rewriter's sub-questions retrieved;
+* ``answer_words``: the Generator's extracted answer, in words.
+
+A record without gold passages is left out of a gold mean, a selection of no document out of
+the precision mean; a key no record of the step could give is not logged at all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from mmoa import defaults
+from mmoa.data.support import GoldSupport
+
+if TYPE_CHECKING:
+    from mmoa.agents.pipeline import Trace
+    from mmoa.data.records import QARecord
+
+#: The per-step flag count the monitor adds to the logs.
+DRIFT_FLAGS_KEY = "drift_flags"
+
+
+def selection_gold_stats(record: QARecord, trace: Trace) -> tuple[float | None, float | None]:
+    """``(recall, precision)`` of the trace's selection against the record's gold passages.
+
+    Recall is ``None`` when the record names no gold passage; precision also when nothing was
+    selected (there is no share of nothing), while recall is then 0: every gold passage is
+    missing from it."""
+    support = GoldSupport.of(record)
+    if support is None:
+        return None, None
+    chosen = [trace.candidates[i] for i in trace.selected]
+    return support.recall(chosen), support.precision(chosen)
+
+
+def candidate_gold_recall(record: QARecord, trace: Trace) -> float | None:
+    """Share of the record's gold passages among the trace's K candidates (what the Query
+    Rewriter's sub-questions brought back); ``None`` when the record names none."""
+    support = GoldSupport.of(record)
+    if support is None:
+        return None
+    return support.recall(trace.candidates)
+
+
+def answer_words(trace: Trace) -> int:
+    """Length of the Generator's extracted answer in words (the evaluation's ``answer_words``);
+    the raw output when the trace has no parse."""
+    if trace.answer_parse is not None:
+        return trace.answer_parse.answer_words
+    return len(trace.answer.split())
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    kept = [float(v) for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def step_agent_stats(records: Sequence[QARecord], traces: Sequence[Trace]) -> dict[str, float]:
+    """The step's means of the statistics above; ``records[i]`` is the record of ``traces[i]``
+    (repeat a record for each of its rollouts). Keys without a single value are left out."""
+    if len(records) != len(traces):
+        raise ValueError(f"{len(records)} records for {len(traces)} traces")
+    selection = [selection_gold_stats(r, t) for r, t in zip(records, traces, strict=True)]
+    means = {
+        "selected_gold_recall": _mean(recall for recall, _ in selection),
+        "selected_gold_precision": _mean(precision for _, precision in selection),
+        "candidate_gold_recall": _mean(candidate_gold_recall(r, t)
+                                       for r, t in zip(records, traces, strict=True)),
+        "answer_words": _mean(answer_words(t) for t in traces),
+    }
+    return {key: value for key, value in means.items() if value is not None}
+
+
+# -- the drift monitor ---------------------------------------------------------------------------
+
+RuleKind = Literal["fraction_at_most", "drop_over", "ratio_at_least"]
+
+
+@dataclass(frozen=True)
+class DriftRule:
+    """When the logged statistic ``key`` of ``agent`` has moved too far from its baseline.
+
+    ``fraction_at_most``: ``now <= threshold * baseline`` (a count that collapses);
+    ``drop_over``: ``baseline - now > threshold`` (a fraction that loses points);
+    ``ratio_at_least``: ``now >= threshold * baseline`` (a length that grows). The ratio rules
+    need a positive baseline: half or double of nothing says nothing."""
+
+    agent: str
+    key: str
+    kind: RuleKind
+    threshold: float
+
+    def crossed(self, baseline: float, now: float) -> bool:
+        if self.kind == "drop_over":
+            return baseline - now > self.threshold
+        if baseline <= 0:
+            return False
+        if self.kind == "fraction_at_most":
+            return now <= self.threshold * baseline
+        return now >= self.threshold * baseline
+
+    def describe(self) -> str:
+        if self.kind == "drop_over":
+            return f"fell by more than {self.threshold * 100:g} points"
+        if self.kind == "fraction_at_most":
+            return f"fell to {self.threshold:g} x the first step's or less"
+        return f"grew to {self.threshold:g} x the first step's or more"
+
+
+#: What the monitor watches; the thresholds live in :mod:`mmoa.defaults`.
+DRIFT_RULES: tuple[DriftRule, ...] = (
+    DriftRule("selector", "num_selected", "fraction_at_most", defaults.DRIFT_SELECTED_FRACTION),
+    DriftRule("selector", "selected_gold_recall", "drop_over", defaults.DRIFT_RECALL_DROP),
+    DriftRule("qr", "candidate_gold_recall", "drop_over", defaults.DRIFT_RECALL_DROP),
+    DriftRule("generator", "answer_words", "ratio_at_least", defaults.DRIFT_ANSWER_WORDS_RATIO),
+)
+
+
+@dataclass
+class DriftReport:
+    """One step's verdict: how many watched statistics are past their threshold now
+    (``flags``), and a warning line for each one that crossed for the first time this run."""
+
+    flags: int
+    warnings: list[str] = field(default_factory=list)
+
+
+class DriftMonitor:
+    """Keeps the first logged value of each watched statistic as its baseline and flags every
+    step at which a statistic is past its rule's threshold; warns once per statistic per run
+    (a collapse that lasts fifty steps is one line, not fifty), while the per-step flag count
+    shows in the logs and plots whether it lasts."""
+
+    def __init__(self, rules: Sequence[DriftRule] = DRIFT_RULES) -> None:
+        self.rules = tuple(rules)
+        self.baselines: dict[str, float] = {}
+        self.warned: set[str] = set()
+
+    def observe(self, step: int, logs: Mapping[str, float]) -> DriftReport | None:
+        """Check the step's logs; ``None`` when none of the watched statistics is logged (a
+        pipeline other than ``qr_s_g``), so no flag count is logged for it either."""
+        watched = [rule for rule in self.rules if _finite(logs.get(rule.key))]
+        if not watched:
+            return None
+        report = DriftReport(flags=0)
+        for rule in watched:
+            now = float(logs[rule.key])
+            baseline = self.baselines.setdefault(rule.key, now)
+            if not rule.crossed(baseline, now):
+                continue
+            report.flags += 1
+            if rule.key not in self.warned:
+                self.warned.add(rule.key)
+                report.warnings.append(
+                    f"[mappo] step {step}: drift: {rule.agent} {rule.key} {baseline:.3g} -> "
+                    f"{now:.3g} ({rule.describe()}; warned once per run)")
+        return report
+
+    def replay(self, history: Iterable[Mapping[str, float]]) -> None:
+        """Feed the logged steps of the run being resumed (``trainer_state``'s log history),
+        silently: the baselines stay those of the run's first step and a statistic already
+        warned about is not warned about again."""
+        for entry in history:
+            self.observe(int(entry.get("step", 0)), entry)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
