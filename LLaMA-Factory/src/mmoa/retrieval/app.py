@@ -22,6 +22,7 @@ with a 4xx code for bad input; one bad request never disturbs the requests besid
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -37,8 +38,16 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import ClientDisconnected, HTTPException
 
 from mmoa.retrieval.batcher import MicroBatcher, Scheduler
-from mmoa.retrieval.index import IndexLoadError, Retriever
-from mmoa.retrieval.sampling import MAX_SEED, SampleSpec, query_rng, sample_pool
+from mmoa.retrieval.encoder import EncoderFolderError
+from mmoa.retrieval.index import EncoderChangedError, Retriever
+from mmoa.retrieval.sampling import (
+    MAX_ALPHA,
+    MAX_SEED,
+    MIN_ALPHA,
+    SampleSpec,
+    query_rng,
+    sample_pool,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +65,9 @@ class ServerLimits:
     max_body_bytes: int = 1 << 20
     max_query_chars: int = 2048
     request_timeout_s: float = 60.0
+    #: Longest an encoder reload may take; past it the old encoder keeps serving, the reload
+    #: lock is freed and the load, if it ever ends, is dropped.
+    reload_timeout_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,8 @@ class AppConfig:
     default_n: int = 10
     #: ``topk`` when a /retrieve request leaves it out (Search-R1's default).
     default_topk: int = 3
+    #: Folders under which a reload may name an encoder (empty: any folder the server reads).
+    reload_roots: tuple[str, ...] = ()
 
 
 class ApiError(Exception):
@@ -100,6 +114,32 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, f"request body must be a JSON object, got {type(body).__name__}")
     return body
+
+
+#: The fields each endpoint's JSON body may have: anything else (``"n"`` for ``"N"``,
+#: ``"top_k"`` for ``"topk"``) was silently ignored and gave a default answer.
+SEARCH_FIELDS = ("questions", "N", "sample")
+RETRIEVE_FIELDS = ("queries", "topk", "return_scores", "sample")
+RELOAD_FIELDS = ("path",)
+
+
+def check_fields(body: dict[str, Any], accepted: Sequence[str], where: str) -> None:
+    """Refuse a body with fields other than ``accepted``, naming them and the accepted ones."""
+    unknown = sorted(set(body) - set(accepted), key=str)
+    if not unknown:
+        return
+    import difflib
+
+    hints = []
+    for name in unknown:
+        folded = {a.lower(): a for a in accepted}
+        close = folded.get(str(name).lower().replace("_", "")) or next(
+            iter(difflib.get_close_matches(str(name), accepted, n=1, cutoff=0.6)), None)
+        if close:
+            hints.append(f"{name!r} -> {close!r}?")
+    raise ApiError(400, f"unknown field(s) {unknown} in the body of {where}; accepted: "
+                        f"{list(accepted)}" + (f" (did you mean {', '.join(hints)})"
+                                               if hints else ""))
 
 
 def parse_queries(body: dict[str, Any], name: str, limits: ServerLimits) -> list[str]:
@@ -187,9 +227,13 @@ def parse_sample(body: dict[str, Any], k: int, k_name: str, limits: ServerLimits
         raise ApiError(400, f"field '{k_name}' = {k} exceeds sample.pool_size = {pool_size}; "
                             f"the sampled documents are drawn from the pool")
     alpha = values["alpha"]
+    # compared as given (an int of 400 digits has no float), NaN and inf fail the comparison
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) \
-            or not (math.isfinite(alpha) and alpha > 0):
-        raise ApiError(400, f"field 'sample.alpha' must be a positive number, got {alpha!r}")
+            or not MIN_ALPHA <= alpha <= MAX_ALPHA:
+        shown = (f"an integer of {len(str(abs(alpha)))} digits"
+                 if isinstance(alpha, int) and abs(alpha) > 10**20 else repr(alpha))
+        raise ApiError(400, f"field 'sample.alpha' must be a positive number in "
+                            f"{MIN_ALPHA:g}..{MAX_ALPHA:g}, got {shown}")
     seed = _sample_int(values, "seed", 0, MAX_SEED)
     offset = _sample_int(values, "query_offset", 0, MAX_SEED)
     return SampleSpec(pool_size, float(alpha), seed, offset)
@@ -237,6 +281,27 @@ def _error(status: int, message: str, kind: str) -> Response:
     return response
 
 
+def _token_forms(token: str) -> tuple[bytes, ...]:
+    """The header bytes that carry ``token``: UTF-8, and latin-1 where it has that form."""
+    forms = [token.encode("utf-8")]
+    with contextlib.suppress(UnicodeEncodeError):
+        forms.append(token.encode("latin-1"))
+    return tuple(dict.fromkeys(forms))
+
+
+def _check_reload_root(path: str, roots: Sequence[str]) -> None:
+    """Refuse (403) a reload folder outside ``--reload-root`` (links resolved first)."""
+    from pathlib import Path
+
+    try:
+        target = Path(path).expanduser().resolve()
+    except (OSError, ValueError, RuntimeError) as err:
+        raise ApiError(400, f"field 'path' {path!r} cannot be resolved ({err})") from err
+    if not any(target.is_relative_to(Path(root).expanduser().resolve()) for root in roots):
+        raise ApiError(403, f"field 'path' {path!r} is outside the folders this server may "
+                            f"load encoders from (--reload-root: {list(roots)})", "forbidden")
+
+
 def create_app(retriever: Retriever, scheduler: Scheduler,
                config: AppConfig | None = None) -> Flask:
     """The WSGI application around an opened retriever and its scheduler (batched or not)."""
@@ -244,10 +309,15 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
     limits = config.limits
     app = Flask("mmoa.retrieval")
     app.config["MAX_CONTENT_LENGTH"] = limits.max_body_bytes
+    # "/admin//reload_encoder" was answered with an HTML 308 to the merged path: no redirects,
+    # an unknown path is a JSON 404 like any other.
+    app.url_map.merge_slashes = False
     started = time.monotonic()
     counters = _Counters()
     reload_lock = threading.Lock()
     reloads = {"count": 0, "path": None}
+    abandoned: list[threading.Thread] = []  # reloads that passed the time bound
+    token_forms = _token_forms(config.token) if config.token is not None else ()
 
     def run_search(queries: Sequence[str], k: int) -> tuple[Any, Any]:
         try:
@@ -270,6 +340,9 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
             pool_scores, pool_rows = sc[keep], rw[keep]
             picks, logprob = sample_pool(pool_scores, k, spec.alpha,
                                          query_rng(spec.seed, spec.query_offset + i))
+            if not math.isfinite(logprob):  # NaN is not JSON; never answer with it
+                raise ApiError(400, f"sample.alpha = {spec.alpha:g} gives a log-probability "
+                                    f"that is not finite for query {i}; use a larger alpha")
             hits.append([(int(pool_rows[p]), float(pool_scores[p])) for p in picks])
             records.append({"logprob": logprob, "picks": [int(p) for p in picks],
                             "pool_rows": [int(r) for r in pool_rows]})
@@ -323,7 +396,10 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
 
     @app.before_request
     def check_token() -> Response | None:
-        if config.token is None or request.path not in _PROTECTED:
+        # By the route that matched, not the raw path: no spelling of a protected path may
+        # reach its handler without the token.
+        rule = request.url_rule.rule if request.url_rule is not None else request.path
+        if config.token is None or (rule not in _PROTECTED and request.path not in _PROTECTED):
             return None
         header = request.headers.get("Authorization", "")
         scheme, _, supplied = header.partition(" ")
@@ -331,7 +407,16 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
             counters.rejected()
             return _error(401, "missing bearer token: send 'Authorization: Bearer <token>'",
                           "unauthorized")
-        if not hmac.compare_digest(supplied.strip().encode(), config.token.encode()):
+        # The WSGI server decodes header bytes as latin-1: compare the bytes the client sent
+        # with the token in UTF-8 (curl in a UTF-8 terminal) and in latin-1 (python-requests).
+        # Only spaces and tabs are stripped: str.strip() would also take a trailing \xa0,
+        # the last byte of a UTF-8 "\u00e0".
+        try:
+            sent = supplied.strip(" \t").encode("latin-1")
+        except UnicodeEncodeError:
+            sent = supplied.strip(" \t").encode("utf-8")
+        matches = [hmac.compare_digest(sent, form) for form in token_forms]
+        if not any(matches):
             counters.rejected()
             return _error(401, "invalid bearer token", "unauthorized")
         return None
@@ -340,6 +425,7 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
     def search() -> Response:
         body = read_body()
         queries = parse_queries(body, "questions", limits)
+        check_fields(body, SEARCH_FIELDS, "POST /search")
         k = parse_k(body, "N", config.default_n, limits)
         spec = parse_sample(body, k, "N", limits)
         hits, records = ranked(queries, k, spec)
@@ -360,6 +446,7 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
     def retrieve() -> Response:
         body = read_body()
         queries = parse_queries(body, "queries", limits)
+        check_fields(body, RETRIEVE_FIELDS, "POST /retrieve")
         k = parse_k(body, "topk", config.default_topk, limits)
         with_scores = parse_bool(body, "return_scores", False)
         spec = parse_sample(body, k, "topk", limits)
@@ -378,23 +465,72 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
             return _json({"result": result})
         return _json({"result": result, "sampling": records, "sample": sample_info(spec)})
 
+    def bounded_load(path: str | None) -> tuple[Any, dict[str, Any]]:
+        """``retriever.load_encoder(path)`` in a thread that may take ``reload_timeout_s``.
+
+        A load that hangs past it (a file system that stops answering) is abandoned: the old
+        encoder keeps serving, the reload lock is freed, and whatever the load returns later
+        is dropped. While two abandoned loads still run, new reloads are refused rather than
+        piling up threads."""
+        abandoned[:] = [t for t in abandoned if t.is_alive()]
+        if len(abandoned) >= 2:
+            raise ApiError(503, f"{len(abandoned)} earlier encoder reloads that passed the "
+                                f"{limits.reload_timeout_s:g} s bound are still running; "
+                                f"restart the server if they never finish", "reload_busy")
+        result: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                result["value"] = retriever.load_encoder(path)
+            except BaseException as err:  # handed to the request thread below
+                result["error"] = err
+
+        thread = threading.Thread(target=work, name="mmoa-encoder-reload", daemon=True)
+        thread.start()
+        thread.join(limits.reload_timeout_s)
+        if thread.is_alive():
+            abandoned.append(thread)
+            raise ApiError(504, f"loading the query encoder from "
+                                f"{path or 'the server start folder'} took longer than "
+                                f"{limits.reload_timeout_s:g} s (--reload-timeout); the old "
+                                f"encoder keeps serving", "reload_timeout")
+        if "error" in result:
+            raise result["error"]
+        return result["value"]
+
     @app.post(RELOAD_PATH)
     def reload_encoder() -> Response:
+        """Check and load first, swap last: every failure leaves the old encoder serving."""
         body = read_body()
+        check_fields(body, RELOAD_FIELDS, f"POST {RELOAD_PATH}")
         path = body.get("path")
         if path is not None and (not isinstance(path, str) or not path.strip()):
             raise ApiError(400, "field 'path' must be the folder of a query encoder checkpoint "
                                 "(a non-empty string), or absent for the index's own encoder")
+        if path is not None and config.reload_roots:
+            _check_reload_root(path, config.reload_roots)
         if not reload_lock.acquire(blocking=False):
             raise ApiError(409, "another encoder reload is in progress", "conflict")
+        where = path or "the folder the server started with"
         try:
             started_at = time.monotonic()
-            identity = retriever.reload_encoder(path)
+            encoder, identity = bounded_load(path)
+            retriever.install_encoder(encoder)
             reloads["count"] += 1
             reloads["path"] = path
-        except (FileNotFoundError, IndexLoadError, OSError, ValueError) as err:
-            raise ApiError(400, f"cannot load the query encoder from {path!r}: {err}",
-                           "bad_encoder") from err
+        except ApiError:
+            raise
+        except EncoderChangedError as err:
+            raise ApiError(409, f"cannot restore the query encoder: {err}",
+                           "encoder_changed") from err
+        except EncoderFolderError as err:
+            raise ApiError(400, f"cannot load the query encoder from {where!r}: {err.file}: "
+                                f"{err.reason}", "bad_encoder") from err
+        except Exception as err:  # whatever the checkpoint makes transformers raise
+            logger.warning("encoder reload from %s failed: %s: %s", where,
+                           type(err).__name__, err)
+            raise ApiError(400, f"cannot load the query encoder from {where!r}: "
+                                f"{type(err).__name__}: {err}", "bad_encoder") from err
         finally:
             reload_lock.release()
         logger.info("query encoder reloaded from %s (fingerprint %s)",

@@ -102,26 +102,255 @@ def resolve_model_path(model: str) -> Path:
     return path.resolve()
 
 
+#: ``config.json`` above this size is refused unread (real ones are a few KiB; a 256 MiB one
+#: cost the worker 0.8 GB when read whole).
+MAX_CONFIG_BYTES = 1 << 20
+#: Tokenizer files and other metadata that transformers reads whole.
+MAX_SMALL_FILE_BYTES = 64 << 20
+#: One weight file (a query encoder is at most a few GB; shards are smaller).
+MAX_WEIGHT_FILE_BYTES = 64 << 30
+#: Longest safetensors header (its JSON table of tensors) accepted.
+MAX_SAFETENSORS_HEADER = 64 << 20
+#: Most entries in a model folder that are looked at.
+MAX_FOLDER_ENTRIES = 10_000
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+#: Names transformers or the fingerprint may open: a directory by such a name is refused.
+_READ_SUFFIXES = (*WEIGHT_SUFFIXES, *_PICKLE_SUFFIXES, ".json", ".txt", ".model", ".tiktoken")
+_FINGERPRINT_FILES = ("config.json", "tokenizer.json", "vocab.txt", "tokenizer_config.json")
+#: Size fields of a transformers config and their largest sane value: bigger ones describe a
+#: model that cannot be allocated (``vocab_size: 10**12``) rather than a query encoder.
+_CONFIG_BOUNDS = {"vocab_size": 10**7, "hidden_size": 1 << 16, "d_model": 1 << 16,
+                  "dim": 1 << 16, "intermediate_size": 1 << 20, "hidden_dim": 1 << 20,
+                  "num_hidden_layers": 512, "n_layers": 512, "num_attention_heads": 1024,
+                  "n_heads": 1024, "max_position_embeddings": 1 << 24, "type_vocab_size": 1 << 16}
+_ATTENTION_OK = (None, "eager", "sdpa")
+_SAFETENSORS_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+                            "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4,
+                            "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+class EncoderFolderError(ValueError):
+    """A model folder that must not be loaded: names the file and the reason."""
+
+    def __init__(self, file: str | os.PathLike[str], reason: str) -> None:
+        self.file = str(file)
+        self.reason = reason
+        super().__init__(f"{self.file}: {reason}")
+
+
+@dataclass(frozen=True)
+class CheckedFolder:
+    """What :func:`check_model_folder` found: the folder's identity and its config."""
+
+    path: Path
+    fingerprint: str
+    config: dict[str, Any]
+    dim: int | None
+
+
+def _regular_files(path: Path, untrusted: bool) -> dict[str, os.stat_result]:
+    """Name -> stat of every regular file at the top of ``path``, refusing what could hang a
+    reader or read elsewhere: FIFOs, sockets and devices, directories named like a file that
+    gets read, and (``untrusted``) symbolic links that leave the folder."""
+    import stat
+
+    files: dict[str, os.stat_result] = {}
+    with os.scandir(path) as entries:
+        for count, entry in enumerate(entries):
+            if count >= MAX_FOLDER_ENTRIES:
+                raise EncoderFolderError(path, f"more than {MAX_FOLDER_ENTRIES} entries; not a "
+                                               f"model folder")
+            where = path / entry.name
+            if entry.is_symlink():
+                target = Path(os.path.realpath(where))
+                if untrusted and not target.is_relative_to(path):
+                    raise EncoderFolderError(where, f"symbolic link to {target}, outside the "
+                                                    f"folder; copy the file in instead")
+            try:
+                info = os.stat(where)  # follows links; never opens (a FIFO cannot block)
+            except OSError as err:
+                raise EncoderFolderError(where, f"cannot be read ({err.strerror})") from err
+            if stat.S_ISDIR(info.st_mode):
+                if entry.name.endswith(_READ_SUFFIXES):
+                    raise EncoderFolderError(where, "is a directory, expected a regular file")
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                kind = ("a FIFO" if stat.S_ISFIFO(info.st_mode) else "a socket"
+                        if stat.S_ISSOCK(info.st_mode) else "a device")
+                raise EncoderFolderError(where, f"is {kind}, not a regular file")
+            name = entry.name
+            limit = (MAX_CONFIG_BYTES if name == "config.json" else MAX_WEIGHT_FILE_BYTES
+                     if name.endswith(WEIGHT_SUFFIXES) else MAX_SMALL_FILE_BYTES
+                     if name.endswith(_READ_SUFFIXES) else None)
+            if limit is not None and info.st_size > limit:
+                raise EncoderFolderError(where, f"{info.st_size} bytes, more than the "
+                                                f"{limit} bytes allowed for this file")
+            files[name] = info
+    return files
+
+
+def _fingerprint(path: Path, files: dict[str, os.stat_result]) -> str:
+    digest = hashlib.sha256()
+    for name in _FINGERPRINT_FILES:
+        if name in files:
+            digest.update(name.encode() + b"\0" + (path / name).read_bytes())
+    for name in sorted(n for n in files if n.endswith(WEIGHT_SUFFIXES)):
+        size = files[name].st_size
+        digest.update(f"{name}\0{size}\0".encode())
+        with (path / name).open("rb") as handle:
+            digest.update(handle.read(1 << 20))
+            handle.seek(max(0, size - (1 << 20)))
+            digest.update(handle.read(1 << 20))
+    return digest.hexdigest()[:16]
+
+
 def model_fingerprint(path: Path) -> str:
     """Cheap identity of a model folder: config, tokenizer files and the weights' size and edges.
 
     Hashing whole multi-GB weight files on every server start would cost seconds to minutes;
     the first and last MiB of each weight file plus its size tell different checkpoints apart.
+    Only regular files within the size bounds are read (see :func:`check_model_folder`).
     """
-    digest = hashlib.sha256()
-    for name in ("config.json", "tokenizer.json", "vocab.txt", "tokenizer_config.json"):
-        file = path / name
-        if file.is_file():
-            digest.update(name.encode() + b"\0" + file.read_bytes())
-    weights = sorted(p for p in path.iterdir() if p.suffix in {".safetensors", ".bin"})
-    for file in weights:
-        size = file.stat().st_size
-        digest.update(f"{file.name}\0{size}\0".encode())
-        with file.open("rb") as handle:
-            digest.update(handle.read(1 << 20))
-            handle.seek(max(0, size - (1 << 20)))
-            digest.update(handle.read(1 << 20))
-    return digest.hexdigest()[:16]
+    return _fingerprint(path, _regular_files(path, untrusted=False))
+
+
+def _read_json(file: Path, limit: int) -> Any:
+    with file.open("rb") as handle:
+        raw = handle.read(limit + 1)
+    if len(raw) > limit:
+        raise EncoderFolderError(file, f"more than {limit} bytes")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise EncoderFolderError(file, f"not valid JSON ({err})") from err
+
+
+def _check_config(file: Path, config: Any, expected_dim: int | None, device: str) -> int | None:
+    if not isinstance(config, dict):
+        raise EncoderFolderError(file, f"must hold a JSON object, got a JSON "
+                                       f"{type(config).__name__}")
+    for key, bound in _CONFIG_BOUNDS.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= bound:
+            raise EncoderFolderError(file, f"{key} = {value!r}; expected an integer in "
+                                           f"1..{bound}")
+    quantization = config.get("quantization_config")
+    if quantization is not None:
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+        raise EncoderFolderError(file, f"quantization_config (quant_method {method!r}): the "
+                                       f"retrieval server serves unquantized encoders only")
+    for key in ("attn_implementation", "_attn_implementation"):
+        attention = config.get(key)
+        if attention in _ATTENTION_OK:
+            continue
+        if attention in ("flash_attention_2", "flash_attention_3") and device.startswith("cuda"):
+            import importlib.util
+
+            if importlib.util.find_spec("flash_attn" if attention.endswith("2")
+                                        else "flash_attn_interface") is not None:
+                continue
+        raise EncoderFolderError(file, f"{key} = {attention!r} cannot be served here (device "
+                                       f"{device}); use 'sdpa' or 'eager'")
+    dim = config.get("hidden_size") or config.get("d_model") or config.get("dim")
+    if expected_dim is not None and dim is not None and dim != expected_dim:
+        raise EncoderFolderError(file, f"hidden_size {dim} gives {dim}-d vectors, the index "
+                                       f"holds {expected_dim}-d vectors")
+    return int(dim) if dim else None
+
+
+def _check_safetensors(file: Path, size: int) -> None:
+    """The header of a safetensors file, and that every tensor lies inside the file: a
+    truncated or garbage file is refused before transformers maps it."""
+    with file.open("rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise EncoderFolderError(file, f"truncated: {size} bytes, not a safetensors file")
+        length = int.from_bytes(head, "little")
+        if length > MAX_SAFETENSORS_HEADER or 8 + length > size:
+            raise EncoderFolderError(file, f"truncated or not a safetensors file (header of "
+                                           f"{length} bytes in a file of {size} bytes)")
+        raw = handle.read(length)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise EncoderFolderError(file, f"corrupt safetensors header ({err})") from err
+    if not isinstance(header, dict):
+        raise EncoderFolderError(file, "corrupt safetensors header (not a JSON object)")
+    data = size - 8 - length
+    end = 0
+    for name, tensor in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            width = _SAFETENSORS_DTYPE_BYTES[tensor["dtype"]]
+            shape = [int(x) for x in tensor["shape"]]
+            begin, stop = (int(x) for x in tensor["data_offsets"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise EncoderFolderError(file, f"corrupt safetensors entry for tensor {name!r} "
+                                           f"({type(err).__name__}: {err})") from err
+        count = 1
+        for x in shape:
+            count *= x
+        if min(shape, default=0) < 0 or not 0 <= begin <= stop or stop - begin != count * width:
+            raise EncoderFolderError(file, f"corrupt safetensors entry for tensor {name!r}")
+        if stop > data:
+            raise EncoderFolderError(file, f"truncated: tensor {name!r} ends at byte {stop} "
+                                           f"of the data, the file holds {data}")
+        end = max(end, stop)
+    if end != data:
+        raise EncoderFolderError(file, f"corrupt safetensors file: {data - end} bytes after "
+                                       f"the last tensor")
+
+
+def check_model_folder(path: str | os.PathLike[str], *, untrusted: bool = True,
+                       expected_dim: int | None = None, device: str = "cpu") -> CheckedFolder:
+    """Validate a model folder before anything loads it, and fingerprint it.
+
+    What a reload of the server (a request from any client that may call it) must not hand
+    to transformers: anything but regular files under names that get read (a FIFO blocks the
+    reader forever, a directory named ``optimizer.bin`` fails after the fact), files over a
+    size bound, a ``config.json`` that is not a sane JSON object (``vocab_size: 10**12``, a
+    list), a quantization or attention kernel this machine cannot serve, a hidden size other
+    than the index's, a truncated or garbage safetensors file. ``untrusted`` also refuses
+    symbolic links out of the folder and pickle weights (``pytorch_model.bin``; unpickling can
+    run code, and ``weights_only`` errors came back as 500s); the folder the server started
+    with is checked with ``untrusted=False``. Raises :class:`EncoderFolderError`.
+    """
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise EncoderFolderError(root, "not a local directory (models are never downloaded "
+                                       "here); pass the folder that holds config.json and the "
+                                       "weights")
+    root = root.resolve()
+    files = _regular_files(root, untrusted)
+    if "config.json" not in files:
+        raise EncoderFolderError(root / "config.json", "missing; not a transformers model "
+                                                       "folder")
+    config = _read_json(root / "config.json", MAX_CONFIG_BYTES)
+    dim = _check_config(root / "config.json", config, expected_dim, device)
+    safetensors = sorted(n for n in files if n.endswith(".safetensors"))
+    if untrusted and "model.safetensors" not in files \
+            and "model.safetensors.index.json" not in files:
+        pickles = sorted(n for n in files if n.endswith(_PICKLE_SUFFIXES))
+        if pickles:
+            raise EncoderFolderError(root / pickles[0], "pickle weights are refused on reload "
+                                     "(unpickling can run code); save the checkpoint as "
+                                     "safetensors (save_pretrained(..., safe_serialization="
+                                     "True))")
+        raise EncoderFolderError(root / "model.safetensors", "missing; no weights to load")
+    if "model.safetensors.index.json" in files:
+        index = _read_json(root / "model.safetensors.index.json", MAX_SMALL_FILE_BYTES)
+        shards = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(shards, dict) or not all(
+                isinstance(s, str) and s in files for s in shards.values()):
+            raise EncoderFolderError(root / "model.safetensors.index.json",
+                                     "weight_map must name shard files of this folder")
+    for name in safetensors:
+        _check_safetensors(root / name, files[name].st_size)
+    return CheckedFolder(root, _fingerprint(root, files), config, dim)
 
 
 def describe_encoder(config: EncoderConfig) -> dict[str, Any]:
@@ -130,12 +359,24 @@ def describe_encoder(config: EncoderConfig) -> dict[str, Any]:
     ``dim`` comes from ``config.json`` here; :meth:`Encoder.identity` reports the real one.
     """
     path = resolve_model_path(config.model)
-    model_cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    model_cfg = _read_json(path / "config.json", MAX_CONFIG_BYTES)
+    if not isinstance(model_cfg, dict):
+        raise EncoderFolderError(path / "config.json", "must hold a JSON object")
     dim = model_cfg.get("hidden_size") or model_cfg.get("d_model") or model_cfg.get("dim")
     default = config.model == DEFAULT_ENCODER
     return {"name": config.model if default else path.name,
             "path": config.model if default else str(path), "fingerprint": model_fingerprint(path),
             "dim": int(dim) if dim else None, "pooling": config.pooling,
+            "normalize": config.normalize, "query_prefix": config.query_prefix,
+            "passage_prefix": config.passage_prefix, "max_length": config.max_length}
+
+
+def folder_identity(config: EncoderConfig, checked: CheckedFolder, dim: int) -> dict[str, Any]:
+    """:func:`describe_encoder`'s fields for a folder already checked (nothing read again)."""
+    default = config.model == DEFAULT_ENCODER
+    return {"name": config.model if default else checked.path.name,
+            "path": config.model if default else str(checked.path),
+            "fingerprint": checked.fingerprint, "dim": dim, "pooling": config.pooling,
             "normalize": config.normalize, "query_prefix": config.query_prefix,
             "passage_prefix": config.passage_prefix, "max_length": config.max_length}
 
@@ -160,7 +401,10 @@ def pool_hidden(hidden: Any, attention_mask: Any, config: EncoderConfig) -> Any:
 class Encoder:
     """Batched, thread-compatible (one caller at a time) encoder of queries and passages."""
 
-    def __init__(self, config: EncoderConfig | None = None) -> None:
+    def __init__(self, config: EncoderConfig | None = None, safetensors_only: bool = False
+                 ) -> None:
+        """``safetensors_only``: never unpickle weights (a folder a client named; see
+        :func:`check_model_folder`)."""
         import torch
         from transformers import AutoModel, AutoTokenizer
 
@@ -171,7 +415,9 @@ class Encoder:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
-        model = AutoModel.from_pretrained(str(self.model_path))
+        model = AutoModel.from_pretrained(str(self.model_path),
+                                          **({"use_safetensors": True} if safetensors_only
+                                             else {}))
         if self.config.fp16 and self.device.type == "cuda":
             model = model.half()
         self.model = model.to(self.device).eval()

@@ -32,7 +32,16 @@ from tqdm.auto import tqdm
 
 from mmoa.fileio import sha256_file
 from mmoa.retrieval.corpus import CorpusStore, Passage
-from mmoa.retrieval.encoder import DEFAULT_ENCODER, Encoder, EncoderConfig, describe_encoder
+from mmoa.retrieval.encoder import (
+    DEFAULT_ENCODER,
+    Encoder,
+    EncoderConfig,
+    EncoderFolderError,
+    check_model_folder,
+    describe_encoder,
+    folder_identity,
+    resolve_model_path,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +65,10 @@ class IndexMissingError(IndexLoadError):
 
 class IndexMismatchError(IndexLoadError):
     """The index, corpus, metadata or query encoder do not belong together."""
+
+
+class EncoderChangedError(EncoderFolderError):
+    """The folder the server started with no longer holds the index's encoder."""
 
 
 # ------------------------------------------------------------------------------- metadata
@@ -287,6 +300,8 @@ def validate_index_dir(
             f"query encoder: {err}. The index was built with {meta.encoder.get('path')!r}; "
             f"pass the local folder of the same model with --encoder"
         ) from err
+    except EncoderFolderError as err:
+        raise IndexMissingError(f"query encoder: {err}") from err
     problems += compare_encoder(meta, identity)
     if problems:
         raise IndexMismatchError(f"{index_dir}: refusing to serve this index:\n  - "
@@ -388,10 +403,14 @@ class Retriever:
     """
 
     def __init__(self, index_dir: Path, meta: IndexMeta, encoder: Encoder, index: Any,
-                 corpus: CorpusStore, placement: str = "cpu") -> None:
+                 corpus: CorpusStore, placement: str = "cpu", start_model: str | None = None
+                 ) -> None:
         self.index_dir = index_dir
         self.meta = meta
         self.encoder = encoder
+        #: The encoder folder the server started with (``--encoder`` or the one recorded in
+        #: meta.json): what a reload without a path restores.
+        self.start_model = start_model or encoder.config.model
         self.index = index
         self.corpus = corpus
         self.placement = placement
@@ -429,7 +448,7 @@ class Retriever:
             raise IndexMismatchError(f"encoder {enc.name} gives {enc.dim}-d vectors, the index "
                                      f"holds {meta.dim}-d vectors")
         index, placement = place_index(index, faiss_options or FaissOptions())
-        return cls(index_dir, meta, enc, index, corpus, placement)
+        return cls(index_dir, meta, enc, index, corpus, placement, config.model)
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Scores and corpus rows, both ``(len(queries), k)``; row -1 marks a missing hit."""
@@ -470,26 +489,52 @@ class Retriever:
         return [list(zip(d, [float(s) for s, r in zip(sc, rw, strict=True) if r >= 0],
                          strict=True)) for d, sc, rw in zip(docs, scores, rows, strict=True)]
 
-    def reload_encoder(self, model: str | None = None) -> dict[str, Any]:
-        """Swap in the query encoder at ``model`` (default: the one the index was built with).
+    def load_encoder(self, model: str | None = None) -> tuple[Encoder, dict[str, Any]]:
+        """Check, fingerprint and load the query encoder at ``model`` without serving it.
 
-        The query encoder's RL stage (``stage: retriever_rl``) trains the query side only: the
-        passage vectors in ``index.faiss`` stay as built, so the new weights must produce
-        vectors of the same dimension, pooling, normalisation and prefixes (all taken from
-        meta.json here, so only the weights change). The new encoder is loaded completely
-        before the attribute is replaced, so a search running meanwhile finishes with the old
-        one and the next starts with the new one; nothing else of the index is touched.
-        Returns the new encoder's identity.
+        ``None`` means the encoder the server started with (``--encoder``, else the folder
+        recorded in meta.json), which must still have the fingerprint the index records
+        (:class:`EncoderChangedError` otherwise). The query encoder's RL stage trains the query
+        side only: the passage vectors in ``index.faiss`` stay as built, so the new weights
+        must produce vectors of the same dimension, pooling, normalisation and prefixes (all
+        taken from meta.json here, so only the weights change). A folder a client names is
+        checked as untrusted (:func:`~mmoa.retrieval.encoder.check_model_folder`: regular
+        files, size bounds, sane config, safetensors only) before transformers opens it.
+        Raises :class:`EncoderFolderError` naming the file and the reason.
         """
+        restore = model is None
+        folder = self.start_model if restore else str(model)
         current = self.encoder.config
-        config = encoder_config_from_meta(self.meta, model).with_overrides(
+        config = encoder_config_from_meta(self.meta, folder).with_overrides(
             batch_size=current.batch_size, device=current.device, fp16=current.fp16)
-        encoder = Encoder(config)
+        try:
+            path = resolve_model_path(folder) if folder == DEFAULT_ENCODER else Path(folder)
+        except (ImportError, OSError) as err:
+            raise EncoderFolderError(folder, f"cannot be found ({err})") from err
+        checked = check_model_folder(path, untrusted=not restore, expected_dim=self.meta.dim,
+                                     device=str(self.encoder.device))
+        recorded = self.meta.encoder.get("fingerprint")
+        if restore and recorded and checked.fingerprint != recorded:
+            raise EncoderChangedError(checked.path, (
+                f"fingerprint {checked.fingerprint} differs from the index's encoder "
+                f"({recorded}): the folder the server started with was changed since; put the "
+                f"index's encoder back there or restart the server with --encoder"))
+        encoder = Encoder(config, safetensors_only=not restore)
         if encoder.dim != self.meta.dim:
-            raise IndexMismatchError(f"encoder {model!r} gives {encoder.dim}-d vectors, the index "
-                                     f"holds {self.meta.dim}-d vectors")
+            raise EncoderFolderError(checked.path, f"gives {encoder.dim}-d vectors, the index "
+                                                   f"holds {self.meta.dim}-d vectors")
+        return encoder, folder_identity(config, checked, encoder.dim)
+
+    def install_encoder(self, encoder: Encoder) -> None:
+        """Serve ``encoder`` from the next batch on (a batch under way finishes with the old
+        one: ``search_many`` reads the attribute once)."""
         self.encoder = encoder
-        return encoder.identity()
+
+    def reload_encoder(self, model: str | None = None) -> dict[str, Any]:
+        """:meth:`load_encoder`, then :meth:`install_encoder`; returns the new identity."""
+        encoder, identity = self.load_encoder(model)
+        self.install_encoder(encoder)
+        return identity
 
     def describe(self) -> dict[str, Any]:
         return {"corpus_size": len(self.corpus), "dim": self.meta.dim,

@@ -37,6 +37,10 @@ if TYPE_CHECKING:  # imported where used: the server's argument parser needs no 
 
 #: Largest seed accepted (JSON integers beyond 2**63 lose precision in many clients).
 MAX_SEED = 2**63 - 1
+#: Range of ``alpha`` a server request may ask for: beyond it ``score / alpha`` overflows or the
+#: ranking no longer depends on the scores (1e-309 gave a NaN log-probability, not valid JSON).
+MIN_ALPHA = 1e-8
+MAX_ALPHA = 1e8
 
 
 @dataclass(frozen=True)

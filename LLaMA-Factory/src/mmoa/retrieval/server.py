@@ -136,6 +136,14 @@ def build_arg_parser() -> argparse.ArgumentParser:
     lim.add_argument("--max-query-chars", type=int, default=2048)
     lim.add_argument("--request-timeout", type=float, default=60.0,
                      help="seconds a request may wait for its search before a 503")
+    lim.add_argument("--reload-timeout", type=float, default=300.0,
+                     help="seconds an encoder reload may take; past it the old encoder keeps "
+                          "serving and the reload lock is freed (default 300)")
+    lim.add_argument("--reload-root", action="append", default=None, metavar="DIR",
+                     help="only load reloaded encoders from under DIR (repeatable; "
+                          f"{ENV_PREFIX}RELOAD_ROOT takes a {os.pathsep!r}-separated list). "
+                          "Without it and without a token, any local user can make the server "
+                          "load any folder it can read")
     lim.add_argument("--default-n", type=int, default=10, help="/search N when omitted")
     lim.add_argument("--default-topk", type=int, default=3, help="/retrieve topk when omitted")
 
@@ -184,6 +192,8 @@ def _apply_environment(parser: argparse.ArgumentParser) -> None:
             continue
         if action.nargs == 0 or isinstance(action, argparse.BooleanOptionalAction):
             value: Any = raw.strip().lower() in {"1", "true", "yes", "on"}
+        elif isinstance(action, argparse._AppendAction):  # a list: os.pathsep-separated
+            value = [part for part in raw.split(os.pathsep) if part]
         else:
             try:
                 value = action.type(raw) if callable(action.type) else raw
@@ -206,6 +216,12 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if not args.read_timeout > 0:  # also refuses nan
         parser.error(f"--read-timeout {args.read_timeout} must be a positive number of seconds")
+    if not 0 < args.reload_timeout < float("inf"):
+        parser.error(f"--reload-timeout {args.reload_timeout} must be a positive number of "
+                     f"seconds")
+    for root in args.reload_root or ():
+        if not Path(root).expanduser().is_dir():
+            parser.error(f"--reload-root {root}: not a directory")
     if args.port > 65535:
         parser.error(f"--port {args.port} is not a TCP port (1..65535)")
     if not 1 <= args.default_n <= args.max_k or not 1 <= args.default_topk <= args.max_k:
@@ -222,14 +238,15 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
                                  ("device", args.device), ("fp16", args.fp16 or None))
                if v is not None}
     limits = ServerLimits(args.max_queries, args.max_k, args.max_body_bytes,
-                          args.max_query_chars, args.request_timeout)
+                          args.max_query_chars, args.request_timeout, args.reload_timeout)
     return ServerConfig(
         index=args.index, host=args.host, port=args.port, threads=args.threads, token=token,
         access_log=None if args.access_log.lower() in {"off", "none", ""} else args.access_log,
         error_log=args.error_log, log_level=args.log_level, worker_timeout=args.worker_timeout,
         read_timeout=args.read_timeout,
         batcher=BatcherConfig(args.micro_batching, args.batch_max_queries, args.batch_wait_ms),
-        app=AppConfig(limits, token, args.default_n, args.default_topk),
+        app=AppConfig(limits, token, args.default_n, args.default_topk,
+                      tuple(args.reload_root or ())),
         faiss=FaissOptions(args.faiss_gpu, args.faiss_fp16, args.faiss_shard, args.nprobe,
                            args.ef_search, args.omp_threads),
         encoder_model=args.encoder_model, encoder_runtime=runtime,
