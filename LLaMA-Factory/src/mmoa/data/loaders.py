@@ -69,6 +69,7 @@ __all__ = [
     "detect_format",
     "iter_raw_records",
     "load_qa",
+    "supporting_titles_of",
 ]
 
 #: The answer sets an AmbigQA record can be scored against (see the module docstring).
@@ -230,6 +231,20 @@ def _supporting_titles(value: Any, where: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # Per-format parsers: (object, where, position, file) -> QARecord
 # ---------------------------------------------------------------------------------------------
+
+
+def supporting_titles_of(obj: Mapping[str, Any], fmt: str, where: str) -> list[str] | None:
+    """The gold supporting titles a raw record names, as its loader reads them: HotpotQA /
+    2Wiki ``supporting_facts`` (checked; errors name ``where``), FlashRAG ``metadata``
+    (when recognisable); ``None`` when the record names none or ``fmt`` has no titles."""
+    if fmt in ("hotpotqa", "2wiki"):
+        facts = obj.get("supporting_facts")
+        return None if facts is None else _supporting_titles(facts, where)
+    if fmt == "flashrag":
+        metadata = obj.get("metadata")
+        return (_metadata_titles(metadata.get("supporting_facts"))
+                if isinstance(metadata, Mapping) else None)
+    return None
 
 
 def _parse_multihop(obj: Mapping[str, Any], where: str, _pos: int, _src: Path) -> QARecord:

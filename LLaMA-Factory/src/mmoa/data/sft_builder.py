@@ -109,6 +109,11 @@ class SFTBuildReport:
     supporting_recall: float | None = None
     #: How gold passages were matched: records compared by ``id`` and by ``title``.
     supporting_matched_by: Counter[str] = field(default_factory=Counter)
+    #: Records with gold passages, by how many of them are among the K candidates: ``all``,
+    #: ``some`` or ``none`` (a gold paragraph the corpus lacks or the retriever missed; with
+    #: ``supporting`` labels such a record's Selector target is empty and its Generator
+    #: record has no document: still true training data, counted so a user sees how many).
+    gold_in_candidates: Counter[str] = field(default_factory=Counter)
     output_file: str = ""
 
     def lines(self) -> list[str]:
@@ -120,6 +125,12 @@ class SFTBuildReport:
                    f"{self.mean_positives:.2f} of K; empty selections "
                    f"{100 * self.empty_selection_rate:.1f}%")
         if self.supporting_precision is not None:
+            coverage = self.gold_in_candidates
+            out.append(f"  gold passages among the K candidates: all {coverage['all']}, some "
+                       f"{coverage['some']}, none {coverage['none']} of "
+                       f"{sum(coverage.values())} records"
+                       + (" (none: empty Selector target, Generator without documents)"
+                          if self.label_source == "supporting" and coverage["none"] else ""))
             matched = ", ".join(f"{kind} {n}" for kind, n in sorted(
                 self.supporting_matched_by.items()))
             out.append(f"  labels vs gold supporting passages: precision "
@@ -256,6 +267,9 @@ def build_sft_records(
             label_hits += sum(support.matches(c) for c in labelled)
             gold_hits += len(support.covered(labelled))
             gold_total += len(support.keys)
+            found = len(support.covered(candidates))
+            report.gold_in_candidates[
+                "none" if not found else "all" if found == len(support.keys) else "some"] += 1
             report.supporting_matched_by[support.by] += 1
 
         out.extend(agent_records(record.question, subquestions, texts, positive_ids,
