@@ -175,10 +175,11 @@ def test_grpo_keys_are_typed_and_range_checked(config: dict, message: str) -> No
 def test_grpo_keys_are_read_as_the_others() -> None:
     args, rest = split_mappo_args({"mappo_algorithm": "grpo", "mappo_group_size": "8",
                                    "mappo_kl_loss_coef": "0.04", "ppo_epochs": 1})
-    assert args.is_grpo and args.rollouts_per_question == 8 and args.mappo_kl_loss_coef == 0.04
+    assert args.algorithm.grouped and args.rollouts_per_question == 8 \
+        and args.mappo_kl_loss_coef == 0.04
     assert rest == {"ppo_epochs": 1}
     ppo, _ = split_mappo_args({"mappo_group_size": 8})
-    assert not ppo.is_grpo and ppo.rollouts_per_question == 1
+    assert not ppo.algorithm.grouped and ppo.rollouts_per_question == 1
 
 
 # -- the learner without a value head ------------------------------------------------------------
@@ -307,7 +308,7 @@ def test_the_grpo_examples_parse_and_match_their_ppo_configs(grpo: str, ppo: str
     ppo_config = yaml.safe_load((EXAMPLES / ppo).read_text())
     args, _ = split_mappo_args(grpo_config)
     ppo_args, _ = split_mappo_args(ppo_config)
-    assert args.is_grpo and not ppo_args.is_grpo
+    assert args.mappo_algorithm == "grpo" and ppo_args.mappo_algorithm == "ppo"
     assert args.mappo_questions_per_rollout * args.mappo_group_size \
         == ppo_args.mappo_questions_per_rollout
     ppo_only = {"mappo_init_kl_coef", "mappo_min_kl_coef", "mappo_cliprange_value",

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from mmoa.agents.prompts import AGENTS
 from mmoa.metrics import SCORING_PROFILES
-from mmoa.train.mappo.args import ALGORITHMS, GRPO_FILTERS, MappoArguments
+from mmoa.train.mappo.algorithms import algorithm_names
+from mmoa.train.mappo.args import GRPO_FILTERS, MappoArguments
 from mmoa.train.mappo.ppo_math import GROUP_NORMALISATIONS, LOSS_AVERAGING
 
 if TYPE_CHECKING:
@@ -148,10 +149,11 @@ MAPPO_FIELDS: tuple[MappoField, ...] = (
     MappoField("mappo_kl_target", "ppo_target", "KL target", "ppo_target", "float", minimum=0),
     MappoField("mappo_kl_horizon", "mappo_kl_horizon", "KL horizon",
                "adaptation speed of the controller", "float", minimum=1),
-    # algorithm: ppo (the paper) or critic-free grpo
+    # algorithm: every registered one (mmoa.train.mappo.algorithms); ppo is the paper's
     MappoField("mappo_algorithm", "mappo_algorithm", "Algorithm",
-               "ppo: value head and GAE (the paper); grpo: group-relative, no critic", "choice",
-               choices=ALGORITHMS),
+               "ppo: value head and GAE (the paper); grpo: group-relative, no critic; the "
+               "others: docs/mappo.md (Algorithms)", "choice",
+               choices=algorithm_names()),
     MappoField("mappo_group_size", "mappo_group_size", "Group size (grpo)",
                "pipelines sampled per question", "int", minimum=1),
     MappoField("mappo_grpo_normalise", "mappo_grpo_normalise", "Group normalisation (grpo)",

@@ -18,12 +18,13 @@ with the reward ``answer reward - retrieval cost x searches - malformed penalty`
 ``mappo_decision_*`` keys; docs/decision_agent.md). The agent keys (``mappo_agents``,
 ``mappo_qr_*``, ``mappo_selector_*``, ``mappo_generator_*``, ``mappo_top_k``) are then not used.
 
-``mappo_algorithm: grpo`` replaces the critic by group-relative advantages (``mappo_group_size``
-rollouts of the whole pipeline per question); the keys of the value head, GAE and the adaptive
-KL reward (``mappo_vf_coef``, ``mappo_cliprange_value``, ``mappo_gamma``, ``mappo_lam``,
-``mappo_whiten_advantages``, ``mappo_whiten_per_agent``, ``mappo_*kl_coef``,
-``mappo_adaptive_kl``, ``mappo_kl_horizon``) are then not used, and the ``mappo_grpo_*`` keys
-and ``mappo_kl_loss_coef`` are (see docs/mappo.md).
+``mappo_algorithm`` names a registered algorithm (:mod:`mmoa.train.mappo.algorithms`; docs/
+mappo.md, "Algorithms"). ``grpo`` and the other grouped ones replace the critic by
+group-relative advantages (``mappo_group_size`` rollouts of the whole pipeline per question);
+the keys of the value head, GAE and the adaptive KL reward (``mappo_vf_coef``,
+``mappo_cliprange_value``, ``mappo_gamma``, ``mappo_lam``, ``mappo_whiten_advantages``,
+``mappo_whiten_per_agent``, ``mappo_*kl_coef``, ``mappo_adaptive_kl``, ``mappo_kl_horizon``) are
+then not used, and the ``mappo_grpo_*`` keys and ``mappo_kl_loss_coef`` are.
 """
 
 from __future__ import annotations
@@ -36,11 +37,10 @@ from typing import Any
 
 from mmoa import defaults
 from mmoa.agents.prompts import AGENTS
+from mmoa.train.mappo.algorithms import Algorithm, algorithm_names, get_algorithm
 from mmoa.train.mappo.ppo_math import GROUP_NORMALISATIONS, LOSS_AVERAGING
 
 PREFIX = "mappo_"
-#: ``mappo_algorithm``: PPO with a value head (the paper) or critic-free GRPO.
-ALGORITHMS: tuple[str, ...] = ("ppo", "grpo")
 #: ``mappo_pipeline``: the three-agent pipeline (MMOA-RAG) or the multi-turn search agent.
 PIPELINES: tuple[str, ...] = ("qr_s_g", "search_agent", "decision_agent")
 #: Other names of a pipeline, read as the pipeline (SmartRAG's name for the decision agent).
@@ -67,11 +67,14 @@ class MappoArguments:
     # algorithm
     mappo_algorithm: str = field(
         default="ppo",
-        metadata={"help": "ppo (value head, GAE; the paper) or grpo (critic-free, "
-                          "group-relative advantages over mappo_group_size rollouts)."})
+        metadata={"help": "A registered algorithm (docs/mappo.md, Algorithms): ppo (value "
+                          "head, GAE; the paper), grpo (critic-free, group-relative advantages "
+                          "over mappo_group_size rollouts), dr_grpo, rloo, reinforce_plus_plus, "
+                          "reinforce_plus_plus_baseline, dapo or gspo."})
     mappo_group_size: int = field(
         default=defaults.GRPO_GROUP_SIZE,
-        metadata={"help": "grpo: rollouts of the whole pipeline per question (G)."})
+        metadata={"help": "grouped algorithms (grpo, ...): rollouts of the whole pipeline per "
+                          "question (G)."})
     mappo_grpo_normalise: str = field(
         default="mean_std",
         metadata={"help": "grpo: mean_std, (r - mean) / (std + eps), or mean, r - mean "
@@ -82,11 +85,13 @@ class MappoArguments:
                           "rewards are equal and that no penalty moved (advantage 0)."})
     mappo_loss_averaging: str = field(
         default="token",
-        metadata={"help": "token (mean over a mini-batch's tokens) or sequence (mean of each "
-                          "sample's token mean)."})
+        metadata={"help": "token (mean over a mini-batch's tokens), sequence (mean of each "
+                          "sample's token mean) or constant (sum over tokens / (samples x the "
+                          "widest response); Dr. GRPO). dapo, dr_grpo and gspo use their own."})
     mappo_kl_loss_coef: float = field(
         default=defaults.KL_LOSS_COEF,
-        metadata={"help": "grpo: weight of the k3 KL-to-reference loss term (0: off)."})
+        metadata={"help": "algorithms with a KL loss (grpo, ...): weight of the k3 "
+                          "KL-to-reference loss term (0: off)."})
 
     # which pipeline is rolled out and trained
     mappo_pipeline: str = field(
@@ -196,6 +201,11 @@ class MappoArguments:
     mappo_kl_horizon: float = defaults.KL_HORIZON
     mappo_min_kl_coef: float = defaults.MIN_KL_COEF
     mappo_cliprange: float = defaults.CLIPRANGE
+    mappo_cliprange_high: float | None = field(
+        default=None,
+        metadata={"help": "Upper clip range (clip-higher, DAPO): ratios are clipped to "
+                          "[1 - mappo_cliprange, 1 + mappo_cliprange_high]; unset: "
+                          "mappo_cliprange (dapo: 0.28)."})
     mappo_cliprange_value: float = defaults.CLIPRANGE_VALUE
     mappo_vf_coef: float = defaults.VF_COEF
     mappo_gamma: float = defaults.GAMMA
@@ -252,7 +262,7 @@ class MappoArguments:
         self.mappo_pipeline = PIPELINE_ALIASES.get(self.mappo_pipeline, self.mappo_pipeline)
         get_profile(self.mappo_scoring)  # an unknown name fails here, before any model loads
         for name, choices in (("mappo_pipeline", PIPELINES),
-                              ("mappo_algorithm", ALGORITHMS),
+                              ("mappo_algorithm", algorithm_names()),
                               ("mappo_decision_answer_reward", DECISION_ANSWER_REWARDS),
                               ("mappo_grpo_normalise", GROUP_NORMALISATIONS),
                               ("mappo_grpo_filter", GRPO_FILTERS),
@@ -263,6 +273,7 @@ class MappoArguments:
         if not 0 < self.mappo_top_p <= 1 or self.mappo_temperature <= 0:
             raise ValueError("mappo_top_p must be in (0, 1] and mappo_temperature > 0")
         self._check_ranges()
+        self._check_algorithm()
 
     def _check_ranges(self) -> None:
         """Values the PPO maths accepts without complaint but that train something else than
@@ -277,6 +288,11 @@ class MappoArguments:
                      "mappo_joint_retriever_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.algorithm.grouped and self.mappo_group_size < 2:
+            raise ValueError(f"mappo_group_size must be at least 2 under mappo_algorithm: "
+                             f"{self.mappo_algorithm}, "
+                             f"got {self.mappo_group_size} (a group of one rollout is its own "
+                             f"baseline: every advantage is 0 and nothing is learned)")
         if self.mappo_questions_per_rollout is not None and self.mappo_questions_per_rollout < 0:
             raise ValueError("mappo_questions_per_rollout must be at least 1 (0 or unset: per-"
                              "device batch size x gradient accumulation steps), got "
@@ -309,13 +325,44 @@ class MappoArguments:
         if not (math.isfinite(penalty) and penalty <= 0):
             raise ValueError(f"mappo_search_format_penalty must be a finite number <= 0 (it is "
                              f"added to the reward), got {penalty}")
-        if not self.is_grpo and self.mappo_kl_loss_coef > 0:
-            raise ValueError("mappo_kl_loss_coef is the KL loss of mappo_algorithm: grpo; ppo "
-                             "puts the KL in the reward (mappo_init_kl_coef)")
+        if self.algorithm.kl != "loss" and self.mappo_kl_loss_coef > 0:
+            with_loss = [a.name for a in map(get_algorithm, algorithm_names()) if a.kl == "loss"]
+            raise ValueError(f"mappo_kl_loss_coef is the KL loss of mappo_algorithm: "
+                             f"{', '.join(with_loss)}; {self.mappo_algorithm} puts the KL in the "
+                             f"reward (mappo_init_kl_coef)")
+
+    def _check_algorithm(self) -> None:
+        """Keys that contradict the algorithm: a group normalisation it does not use, a loss
+        averaging other than the one it prescribes, an upper clip range that is not a
+        positive number."""
+        algorithm = self.algorithm
+        if algorithm.grouped:
+            algorithm.group_advantage(self.mappo_grpo_normalise)  # raises on a contradiction
+        prescribed = algorithm.loss_averaging
+        if prescribed and self.mappo_loss_averaging not in ("token", prescribed):
+            raise ValueError(f"mappo_algorithm: {algorithm.name} averages its loss by "
+                             f"{prescribed}; remove mappo_loss_averaging: "
+                             f"{self.mappo_loss_averaging}")
+        high = self.mappo_cliprange_high
+        if high is not None and not (math.isfinite(high) and high > 0):
+            raise ValueError(f"mappo_cliprange_high must be a finite number > 0, got {high}")
 
     @property
-    def is_grpo(self) -> bool:
-        return self.mappo_algorithm == "grpo"
+    def algorithm(self) -> Algorithm:
+        """The registered algorithm ``mappo_algorithm`` names: what the trainer, workflow and
+        rollouts ask (value head? groups? KL as a reward or a loss?)."""
+        return get_algorithm(self.mappo_algorithm)
+
+    @property
+    def group_advantage(self) -> str:
+        """The registered group advantage of a grouped algorithm (``mappo_grpo_normalise``
+        under grpo)."""
+        return self.algorithm.group_advantage(self.mappo_grpo_normalise)
+
+    @property
+    def group_filter(self) -> str:
+        """The effective ``mappo_grpo_filter`` (dapo's dynamic sampling: ``skip``)."""
+        return self.algorithm.group_filter(self.mappo_grpo_filter)
 
     @property
     def is_search_agent(self) -> bool:
@@ -332,8 +379,9 @@ class MappoArguments:
 
     @property
     def rollouts_per_question(self) -> int:
-        """Pipelines sampled per question and step: G under grpo, 1 under ppo."""
-        return self.mappo_group_size if self.is_grpo else 1
+        """Pipelines sampled per question and step: G under a grouped algorithm (grpo, ...),
+        1 otherwise (ppo, reinforce_plus_plus)."""
+        return self.mappo_group_size if self.algorithm.grouped else 1
 
     @property
     def optimized_agents(self) -> tuple[str, ...]:
@@ -370,9 +418,11 @@ _TRUE = ("true", "yes", "y", "t", "1")
 _FALSE = ("false", "no", "n", "f", "0")
 
 
-def _typed(name: str, value: Any, hint: Any) -> Any:
+def _typed(name: str, value: Any, hint: Any, bool_strings: bool = True) -> Any:
     """``value`` as the field's type, read as LLaMA-Factory reads its own keys (numbers and
     true/false given as strings are accepted); anything else is a ``ValueError`` naming the key.
+    ``bool_strings=False`` (the ``retriever_rl`` stage) refuses strings for a boolean too: only
+    YAML's unquoted ``true`` / ``false`` are booleans there.
 
     Without this a wrong type passed the dataclass untouched: ``mappo_top_k: ten`` failed with
     a bare ``TypeError`` traceback, and ``mappo_adaptive_kl: maybe`` (a non-empty string) was
@@ -385,7 +435,8 @@ def _typed(name: str, value: Any, hint: Any) -> Any:
         if kind is bool:
             if isinstance(value, bool):
                 return value
-            if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+            if bool_strings and isinstance(value, str) \
+                    and value.strip().lower() in _TRUE + _FALSE:
                 return value.strip().lower() in _TRUE
         elif kind is int and not isinstance(value, bool | float):
             return int(value)
@@ -394,8 +445,55 @@ def _typed(name: str, value: Any, hint: Any) -> Any:
         elif kind is str and isinstance(value, str | int | float) \
                 and not isinstance(value, bool):
             return str(value)
-    except ValueError:
+    except (ValueError, TypeError):  # TypeError: int(None) for a key given as null
         pass
     expected = {bool: "true or false", int: "an integer", float: "a number",
                 str: "a string"}[kind]
+    if kind is bool and not bool_strings and isinstance(value, str):
+        expected += " (unquoted: a quoted string is not a boolean)"
     raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def typed_fields(cls: Any, config: dict[str, Any], bool_strings: bool = True,
+                 keep_none: bool = False,
+                 kinds: tuple[type, ...] = (bool, int, float, str)) -> dict[str, Any]:
+    """``config`` with the value of each of ``cls``'s dataclass fields of a plain type (one of
+    ``kinds``, or one of them or None) read by :func:`_typed`; other keys and fields of other
+    types unchanged. ``keep_none``: a ``None`` stays ``None`` whatever the type (leaves it to
+    the dataclass, as for LLaMA-Factory's keys)."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # a forward reference that does not resolve here: check nothing
+        return dict(config)
+    out = dict(config)
+    for name, value in config.items():
+        hint = hints.get(name)
+        if hint is None or (keep_none and value is None):
+            continue
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        args = typing.get_args(hint) if union else (hint,)
+        plain = [a for a in args if a is not type(None)]
+        if len(plain) == 1 and plain[0] in kinds:
+            out[name] = _typed(name, value, plain[0] | None if len(args) > 1 else plain[0],
+                               bool_strings)
+    return out
+
+
+def typed_llamafactory_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """The LLaMA-Factory keys of a ``mappo`` config read with their dataclass types, as its
+    command line reads them: ``get_train_args`` is given a dict, which HfArgumentParser passes
+    on unconverted, so ``max_samples: abc`` reached the data loader (a ``TypeError``
+    traceback) and ``plot_loss: "false"`` was true. Booleans and numbers only: LLaMA-Factory
+    takes lists for some of its string keys (``dataset``, ``lora_target``)."""
+    from llamafactory.hparams import (
+        DataArguments,
+        FinetuningArguments,
+        GeneratingArguments,
+        ModelArguments,
+        TrainingArguments,
+    )
+
+    for cls in (ModelArguments, DataArguments, TrainingArguments, FinetuningArguments,
+                GeneratingArguments):
+        config = typed_fields(cls, config, keep_none=True, kinds=(bool, int, float))
+    return config

@@ -4,7 +4,8 @@ its advantage relative to that group.
 The trainer rolls out each question ``G`` times (``mappo_group_size``), scores every pipeline
 (the shared answer reward and each agent's own penalty, :mod:`mmoa.train.mappo.rewards`) and hands
 the scores here. The advantage formula itself is :func:`mmoa.train.mappo.ppo_math.grpo_advantages`
-(the group-normalised shared reward plus the agent's own penalty); this module only arranges
+(the group-normalised shared reward plus the agent's own penalty; the group advantage is any
+of :data:`mmoa.train.mappo.algorithms.GROUP_ADVANTAGES`); this module only arranges
 the pipelines into ``[questions, G]`` groups, applies ``mappo_grpo_filter`` and counts the groups
 that carry no signal, which is why it is separate from the maths and from the trainer.
 """
@@ -15,7 +16,10 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mmoa.train.mappo.ppo_math import grpo_advantages, zero_variance_groups
+import torch
+
+from mmoa.train.mappo.algorithms import GROUP_ADVANTAGES
+from mmoa.train.mappo.ppo_math import add_agent_penalties, zero_variance_groups
 from mmoa.train.mappo.samples import Sample
 
 
@@ -42,7 +46,9 @@ def group_samples(outcomes: Sequence[PipelineOutcome], group_size: int,
     next to each other (as :meth:`mmoa.agents.pipeline.RagPipeline.run` returns them with
     ``group_size``). Every optimised agent of every pipeline becomes one :class:`Sample` with
     ``score = shared + penalty`` (logged as the reward) and
-    ``advantage = grpo_advantages(shared, penalties)`` of its pipeline and agent.
+    ``advantage = grpo_advantages(shared, penalties)`` of its pipeline and agent, where the
+    group advantage ``normalise`` is a registered group advantage (``mean_std``: GRPO,
+    ``mean``: Dr. GRPO, ``rloo``; :data:`~mmoa.train.mappo.algorithms.GROUP_ADVANTAGES`).
 
     ``filter_mode="skip"`` leaves out the samples of the zero-variance groups (all ``G`` shared
     rewards equal) whose advantage is exactly 0, i.e. those whose own penalty did not fire:
@@ -57,10 +63,14 @@ def group_samples(outcomes: Sequence[PipelineOutcome], group_size: int,
         raise ValueError(f"{len(outcomes)} pipelines do not make groups of {group_size}")
     if filter_mode not in ("none", "skip"):
         raise ValueError(f"unknown mappo_grpo_filter {filter_mode!r}; expected none or skip")
+    if normalise not in GROUP_ADVANTAGES:
+        raise ValueError(f"unknown group advantage {normalise!r}; expected one of "
+                         f"{', '.join(GROUP_ADVANTAGES)}")
     groups = [outcomes[i: i + group_size] for i in range(0, len(outcomes), group_size)]
     shared = [[o.shared for o in group] for group in groups]
     penalties = [[[o.penalties[a] for a in agents] for o in group] for group in groups]
-    advantages = grpo_advantages(shared, penalties, normalise)
+    advantages = add_agent_penalties(GROUP_ADVANTAGES[normalise](
+        torch.as_tensor(shared, dtype=torch.float64)), penalties)
     flat = zero_variance_groups(shared)
     samples: list[Sample] = []
     skipped = 0

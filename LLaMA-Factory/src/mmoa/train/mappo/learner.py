@@ -13,11 +13,13 @@ Given samples (prompt ids, response ids, score) from any agents, :class:`PPOLear
    ``ratio_threshold`` (the policy is already far from the one that sampled: trl's rule);
 4. updates the KL controller.
 
-With ``PPOConfig.algorithm = "grpo"`` there is no value head: each sample arrives with its
-group-relative advantage (``Sample.advantage``, set by the rollout), repeated on each of its
-response tokens; nothing is whitened; the loss is the same clipped policy loss plus, with
-``kl_loss_coef > 0``, the k3 KL to the reference as a loss term (the reference log-probs are
-only computed then). One set of maths (:mod:`mmoa.train.mappo.ppo_math`) serves both.
+``PPOConfig.algorithm`` names a registered algorithm (:mod:`mmoa.train.mappo.algorithms`):
+steps 2 and 3 call its advantage estimator and its policy loss, and the learner asks it for
+its properties, never its name. Under a critic-free one (``grpo`` and the others without
+``value_head``) there is no value head; under a grouped one each sample arrives with its
+group-relative advantage (``Sample.advantage``, set by the rollout), spread over its response
+tokens; where its ``kl`` is ``"loss"`` the k3 KL to the reference is a loss term weighted by
+``kl_loss_coef`` (the reference log-probs are only computed when that is > 0).
 
 It knows nothing about retrieval, prompts or HF's Trainer, so the learning test drives exactly
 this code on a toy task with a known best answer.
@@ -36,21 +38,22 @@ import torch
 from torch import nn
 
 from mmoa import defaults
+from mmoa.train.mappo.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    AdvantageInputs,
+    Algorithm,
+    LossSettings,
+    get_algorithm,
+)
 from mmoa.train.mappo.ppo_math import (
     AdaptiveKLController,
     FixedKLController,
-    compute_gae,
     entropy_from_logits,
     kl_loss,
     logprobs_from_logits,
     masked_mean,
-    masked_whiten,
-    masked_whiten_by_group,
-    pack_masked,
     per_token_kl,
-    policy_loss,
-    token_rewards,
-    unpack_masked,
     value_loss,
 )
 from mmoa.train.mappo.samples import (
@@ -235,24 +238,39 @@ class PPOConfig:
     kl_horizon: float = defaults.KL_HORIZON
     min_kl_coef: float = defaults.MIN_KL_COEF
     ratio_threshold: float = defaults.RATIO_THRESHOLD
-    #: "ppo" (value head, GAE) or "grpo" (the samples' group advantages, no critic).
+    #: A registered algorithm's name (:mod:`mmoa.train.mappo.algorithms`): "ppo" (value
+    #: head, GAE), "grpo" (the samples' group advantages, no critic), ...
     algorithm: str = "ppo"
-    #: How the policy (and k3 KL) loss is averaged: "token" or "sequence" (ppo_math).
+    #: How the policy (and k3 KL) loss is averaged: "token", "sequence" or "constant"
+    #: (ppo_math); an algorithm that prescribes one (dapo, dr_grpo, gspo) uses its own.
     loss_averaging: str = "token"
-    #: grpo: weight of the k3 KL-to-reference loss term; 0 skips the reference pass.
+    #: Weight of the k3 KL-to-reference loss term of the algorithms whose KL is a loss; 0
+    #: skips the reference pass.
     kl_loss_coef: float = defaults.KL_LOSS_COEF
+    #: Upper clip range (clip-higher): ratios are clipped to [1 - cliprange, 1 +
+    #: cliprange_high]; None: the algorithm's default (dapo 0.28), else cliprange.
+    cliprange_high: float | None = None
 
     @property
-    def is_grpo(self) -> bool:
-        return self.algorithm == "grpo"
+    def spec(self) -> Algorithm:
+        """The registered algorithm."""
+        return get_algorithm(self.algorithm)
+
+    def loss_settings(self, norm_length: int | None = None) -> LossSettings:
+        """The policy loss's clip range and averaging under :attr:`spec`."""
+        spec = self.spec
+        return LossSettings(self.cliprange,
+                            spec.resolve_cliprange_high(self.cliprange, self.cliprange_high),
+                            spec.resolve_loss_averaging(self.loss_averaging), norm_length)
 
 
 @dataclass
 class Rollout:
     """Tensors of one rollout, row-aligned with its samples.
 
-    Under GRPO ``values``, ``rewards`` and ``returns`` are ``None`` (no critic, no per-token
-    rewards), and so are ``ref_logprobs`` and ``kl`` when the KL loss is off."""
+    Without a value head ``values`` and ``returns`` are ``None``; ``rewards`` too where the
+    KL is a loss (no per-token rewards), and so are ``ref_logprobs`` and ``kl`` when the KL
+    loss is off."""
 
     samples: list[Sample]
     batch: SampleBatch
@@ -315,7 +333,7 @@ class PPOLearner:
         self.no_sync = no_sync
         #: Samples the last ``prepare`` dropped for an empty response.
         self.dropped_empty = 0
-        if config.is_grpo:  # the k3 loss weight: a setting, saved for the record
+        if config.spec.kl == "loss":  # the k3 loss weight: a setting, saved for the record
             self.kl_ctl: AdaptiveKLController | FixedKLController = FixedKLController(
                 config.kl_loss_coef)
         elif config.adaptive_kl:
@@ -337,7 +355,8 @@ class PPOLearner:
 
     @torch.no_grad()
     def prepare(self, samples: Sequence[Sample]) -> Rollout:
-        """Old/reference log-probs and values, rewards with the KL penalty, GAE advantages.
+        """Old/reference log-probs and values, and the algorithm's advantages (PPO: rewards with
+        the KL penalty, GAE).
 
         Samples with an empty response (a 0-token action has nothing to reinforce) are dropped:
         the rollout's ``samples`` are the others, and ``dropped_empty`` counts them."""
@@ -346,10 +365,11 @@ class PPOLearner:
             raise ValueError(f"all {len(samples)} samples have empty responses")
         self.dropped_empty = len(samples) - len(kept)
         samples = kept
-        grpo = self.config.is_grpo
-        if grpo and any(s.advantage is None for s in samples):
-            raise ValueError("grpo: every sample needs its group advantage (Sample.advantage)")
-        with_ref = not grpo or self.config.kl_loss_coef > 0
+        algorithm = self.config.spec
+        if algorithm.grouped and any(s.advantage is None for s in samples):
+            raise ValueError(f"{algorithm.name}: every sample needs its group advantage "
+                             f"(Sample.advantage)")
+        with_ref = algorithm.needs_reference(self.config.kl_loss_coef)
         policy = self.unwrap(self.model)
         was_training = policy.training
         policy.eval()
@@ -366,37 +386,14 @@ class PPOLearner:
         width = full.response_mask.shape[1]
         old_logprobs = _pad_cat(old, width)
         ref_logprobs = _pad_cat(ref, width) if with_ref else None
-        mask = full.response_mask
-        if grpo:
-            advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32,
-                                      device=self.device)[:, None] * mask
-            kl = None if ref_logprobs is None else \
-                torch.where(mask.bool(), old_logprobs - ref_logprobs, 0.0)
-            return Rollout(list(samples), full, old_logprobs, ref_logprobs, None, None, kl,
-                           advantages, None)
-        assert ref_logprobs is not None
-        value_t = _pad_cat(values, width)
-        scores = torch.tensor([s.score for s in samples], dtype=torch.float32,
-                              device=self.device)
-        # Rewards and GAE run over each row's own tokens only, packed together: a multi-turn
-        # response's retrieved tokens (loss_mask 0) get no reward, KL, value or advantage, and
-        # the model's tokens on either side of them are one episode (identity when no holes).
-        packed_mask = pack_masked(mask, mask)[1]
-        rewards, _, kl = token_rewards(scores, pack_masked(old_logprobs, mask)[0],
-                                       pack_masked(ref_logprobs, mask)[0], packed_mask,
-                                       self.kl_ctl.value)
-        if self.config.whiten_rewards:
-            rewards = masked_whiten(rewards, packed_mask, shift_mean=False) * packed_mask
-        advantages, returns = compute_gae(rewards, pack_masked(value_t, mask)[0], packed_mask,
-                                          self.config.gamma, self.config.lam)
-        rewards, kl, advantages, returns = (unpack_masked(t, mask)
-                                            for t in (rewards, kl, advantages, returns))
-        if self.config.whiten_advantages and self.config.whiten_per_agent:
-            advantages = masked_whiten_by_group(advantages, mask, [s.agent for s in samples])
-        elif self.config.whiten_advantages and mask.sum() > 1:
-            advantages = masked_whiten(advantages, mask) * mask
-        return Rollout(list(samples), full, old_logprobs, ref_logprobs, value_t, rewards, kl,
-                       advantages, returns)
+        value_t = _pad_cat(values, width) if algorithm.value_head else None
+        cfg = self.config
+        out = ADVANTAGE_ESTIMATORS[algorithm.advantage](AdvantageInputs(
+            samples, full.response_mask, old_logprobs, ref_logprobs, value_t, self.kl_ctl.value,
+            gamma=cfg.gamma, lam=cfg.lam, whiten_advantages=cfg.whiten_advantages,
+            whiten_per_agent=cfg.whiten_per_agent, whiten_rewards=cfg.whiten_rewards))
+        return Rollout(list(samples), full, old_logprobs, ref_logprobs, value_t, out.rewards,
+                       out.kl, out.advantages, out.returns)
 
     # -- the update ----------------------------------------------------------------------------
 
@@ -482,8 +479,12 @@ class PPOLearner:
         adv = rollout.advantages[index, :width]
         mask = batch.response_mask
         logprobs, values, entropy = self.model(batch, with_entropy=True)
-        pg_loss, pg_stats = policy_loss(logprobs, old, adv, mask, cfg.cliprange,
-                                        cfg.loss_averaging)
+        algorithm = cfg.spec
+        # the rollout's widest response: the "constant" averaging's tokens per sequence, the
+        # same for every mini-batch of the update
+        settings = cfg.loss_settings(norm_length=rollout.batch.response_mask.shape[1])
+        pg_loss, pg_stats = POLICY_LOSSES[algorithm.policy_loss](logprobs, old, adv, mask,
+                                                                 settings)
         step_stats = {
             "policy_loss": float(pg_loss.detach()),
             "entropy": float(masked_mean(entropy, mask).detach()) if entropy is not None else 0.0,
@@ -491,15 +492,8 @@ class PPOLearner:
         }
         if entropy is not None:
             step_stats.update(agent_token_sums("entropy", samples, entropy.detach(), mask))
-        if cfg.is_grpo:
-            loss = pg_loss
-            if cfg.kl_loss_coef > 0:
-                assert rollout.ref_logprobs is not None
-                term = kl_loss(logprobs, rollout.ref_logprobs[index, :width], mask,
-                               cfg.loss_averaging)
-                loss = loss + cfg.kl_loss_coef * term
-                step_stats["kl_loss"] = float(term.detach())
-        else:
+        loss = pg_loss
+        if algorithm.value_head:
             assert rollout.returns is not None and rollout.values is not None \
                 and values is not None
             ret = rollout.returns[index, :width]
@@ -508,13 +502,19 @@ class PPOLearner:
             loss = pg_loss + cfg.vf_coef * vf_loss
             step_stats["value_loss"] = float(vf_loss.detach())
             step_stats.update({k: float(v) for k, v in vf_stats.items()})
+        if algorithm.kl == "loss" and cfg.kl_loss_coef > 0:
+            assert rollout.ref_logprobs is not None
+            term = kl_loss(logprobs, rollout.ref_logprobs[index, :width], mask,
+                           settings.averaging, settings.norm_length)
+            loss = loss + cfg.kl_loss_coef * term
+            step_stats["kl_loss"] = float(term.detach())
         step_stats["loss"] = float(loss.detach())
         return loss / group_size, step_stats
 
     def update_kl(self, rollout: Rollout) -> float | None:
         """Feeds the mean per-sample KL over every process's samples, with their total count, to
         the controller (as TRL does); returns that KL, the same on every process. ``None``
-        when the rollout has no reference log-probs (GRPO with the KL loss off): every
+        when the rollout has no reference log-probs (a KL loss that is off): every
         process then skips the all-reduce alike, as they share the config."""
         if rollout.ref_logprobs is None:
             return None

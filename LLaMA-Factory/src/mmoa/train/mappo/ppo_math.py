@@ -50,6 +50,7 @@ __all__ = [
     "FixedKLController",
     "KLController",
     "KLKind",
+    "add_agent_penalties",
     "compute_gae",
     "entropy_from_logits",
     "group_relative_advantages",
@@ -77,9 +78,10 @@ KLKind = Literal["kl", "abs", "mse", "low_var_kl"]
 KL_KINDS: tuple[str, ...] = ("kl", "abs", "mse", "low_var_kl")
 
 #: How a loss is averaged over a mini-batch: over all its tokens (every token weighs the same;
-#: trl's PPO, DAPO) or per sequence first, then over sequences (the GRPO paper).
-LossAveraging = Literal["token", "sequence"]
-LOSS_AVERAGING: tuple[str, ...] = ("token", "sequence")
+#: trl's PPO, DAPO), per sequence first, then over sequences (the GRPO paper), or summed and
+#: divided by a constant number of tokens per sequence (Dr. GRPO).
+LossAveraging = Literal["token", "sequence", "constant"]
+LOSS_AVERAGING: tuple[str, ...] = ("token", "sequence", "constant")
 
 #: GRPO's group normalisation: ``(r - mean) / (std + eps)`` or, Dr. GRPO, ``r - mean``.
 GroupNormalisation = Literal["mean_std", "mean"]
@@ -145,13 +147,25 @@ def masked_mean(
 
 
 def masked_average(x: torch.Tensor, mask: torch.Tensor,
-                   averaging: LossAveraging | str = "token") -> torch.Tensor:
+                   averaging: LossAveraging | str = "token",
+                   norm_length: int | None = None) -> torch.Tensor:
     """A loss's mean over a mini-batch: ``"token"`` is :func:`masked_mean` over every masked
     element (a long response weighs more, token by token); ``"sequence"`` is the mean over rows
     of each row's own masked mean (every sample weighs the same, whatever its length). A row
-    with no masked element is left out of the ``"sequence"`` mean (its own mean is 0/0)."""
+    with no masked element is left out of the ``"sequence"`` mean (its own mean is 0/0).
+    ``"constant"`` (Dr. GRPO, arXiv:2503.20783; verl's ``seq-mean-token-sum-norm``) is the sum
+    over every masked element divided by ``rows * norm_length`` (default: ``x``'s width): no
+    sequence's length enters its weight, so a long wrong answer is not penalised less per token
+    than a short one."""
     if averaging == "token":
         return masked_mean(x, mask)
+    if averaging == "constant":
+        m = _bool_mask(x, mask)
+        length = x.shape[1] if norm_length is None else norm_length
+        if length < 1:
+            raise ValueError(f"norm_length must be at least 1, got {length}")
+        total = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum()
+        return total / (x.shape[0] * length)
     if averaging != "sequence":
         raise ValueError(f"unknown loss averaging {averaging!r}; expected one of "
                          f"{list(LOSS_AVERAGING)}")
@@ -459,6 +473,8 @@ def policy_loss(
     mask: torch.Tensor,
     cliprange: float,
     averaging: LossAveraging | str = "token",
+    cliprange_high: float | None = None,
+    norm_length: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO clipped surrogate loss over the masked tokens of a mini-batch.
 
@@ -466,7 +482,9 @@ def policy_loss(
     (the pessimistic of the two objectives), averaged by :func:`masked_average`: over all masked
     tokens of the mini-batch (``averaging="token"``, trl's PPO) or per sequence, then over
     sequences (``"sequence"``, the GRPO paper). Both PPO (GAE advantages) and GRPO (one group
-    advantage repeated on every token of a sample) use this one loss.
+    advantage repeated on every token of a sample) use this one loss. ``cliprange_high``
+    (DAPO's clip-higher) replaces ``c`` in the upper bound, ``1 + cliprange_high``; ``None``
+    keeps the symmetric range. ``norm_length``: see :func:`masked_average` (``"constant"``).
     ``logprobs`` carry the gradient; ``old_logprobs`` (rollout) and ``advantages`` (whitened) are
     constants and are detached here.
 
@@ -481,8 +499,9 @@ def policy_loss(
     advantages = torch.where(m, advantages.detach().to(logprobs.dtype), zero)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = masked_average(torch.maximum(unclipped, clipped), m, averaging)
+    high = cliprange if cliprange_high is None else cliprange_high
+    clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + high)
+    loss = masked_average(torch.maximum(unclipped, clipped), m, averaging, norm_length)
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean((clipped > unclipped).to(logprobs.dtype), m),
@@ -498,6 +517,7 @@ def kl_loss(
     ref_logprobs: torch.Tensor,
     mask: torch.Tensor,
     averaging: LossAveraging | str = "token",
+    norm_length: int | None = None,
 ) -> torch.Tensor:
     """The KL to the reference as a loss term (GRPO): the k3 estimator of :func:`per_token_kl`
     (``low_var_kl``, ``exp(ref - logp) - (ref - logp) - 1``, >= 0, unbiased for KL(pi||ref)
@@ -509,7 +529,7 @@ def kl_loss(
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     current = torch.where(m, logprobs, zero)
     ref = torch.where(m, ref_logprobs.detach().to(logprobs.dtype), zero)
-    return masked_average(per_token_kl(current, ref, "low_var_kl"), m, averaging)
+    return masked_average(per_token_kl(current, ref, "low_var_kl"), m, averaging, norm_length)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -581,7 +601,17 @@ def grpo_advantages(
     which every rollout broke its format still pushes those outputs down, where a normalised
     penalty would cancel out.
     """
-    base = group_relative_advantages(shared, normalise)
+    return add_agent_penalties(group_relative_advantages(shared, normalise), penalties)
+
+
+@torch.no_grad()
+def add_agent_penalties(
+    base: torch.Tensor,
+    penalties: torch.Tensor | Sequence[Sequence[Sequence[float]]],
+) -> torch.Tensor:
+    """``[Q, G, A]``: the group advantage ``base[q, g]`` of a pipeline (any registered group
+    advantage, :mod:`mmoa.train.mappo.algorithms`) plus each agent's own penalty, as is (see
+    :func:`grpo_advantages`)."""
     p = torch.as_tensor(penalties, dtype=torch.float64)
     if p.dim() != 3 or p.shape[:2] != base.shape:
         raise ValueError(f"penalties must be [questions, group_size, agents] = "

@@ -93,10 +93,12 @@ def trajectory_samples(records: Sequence[QARecord], trajectories: Sequence[Searc
     reason). Shared by the search agent and the decision agent (:mod:`.decision_rollout`): they
     differ only in ``score``.
 
-    Under PPO a sample's score is ``shared + penalty``; under GRPO a question's trajectories are
-    one group whose ``shared`` rewards are normalised and the penalty added (as for the three
-    agents). ``mask``: keep the pipeline's appended tokens out of the loss (``loss_mask``)."""
+    Under PPO (and any algorithm without groups) a sample's score is ``shared + penalty``; under
+    a grouped algorithm (GRPO, ...) a question's trajectories are one group whose ``shared``
+    rewards are normalised and the penalty added (as for the three agents). ``mask``: keep the
+    pipeline's appended tokens out of the loss (``loss_mask``)."""
     copies = args.rollouts_per_question
+    grouped = args.algorithm.grouped
     repeated = [record for record in records for _ in range(copies)]
     samples: list[Sample] = []
     outcomes: list[PipelineOutcome] = []
@@ -111,7 +113,7 @@ def trajectory_samples(records: Sequence[QARecord], trajectories: Sequence[Searc
                            f"response_length/{agent}": trajectory.model_tokens}.items():
             logs.setdefault(key, []).append(float(value))
         loss_mask = list(trajectory.loss_mask) if mask else None
-        if args.is_grpo:
+        if grouped:
             outcomes.append(PipelineOutcome(
                 calls={agent: (trajectory.prompt_ids, trajectory.response_ids, None)},
                 shared=shared, penalties={agent: penalty},
@@ -123,8 +125,8 @@ def trajectory_samples(records: Sequence[QARecord], trajectories: Sequence[Searc
     total = max(1, len(trajectories))
     for reason in stop_reasons:
         summary[f"{stop_prefix}{reason.value}"] = reasons[reason.value] / total
-    if args.is_grpo:
-        samples, group_logs = group_samples(outcomes, copies, (agent,),
-                                            args.mappo_grpo_normalise, args.mappo_grpo_filter)
+    if grouped:
+        samples, group_logs = group_samples(outcomes, copies, (agent,), args.group_advantage,
+                                            args.group_filter)
         summary.update(group_logs)
     return samples, summary

@@ -16,9 +16,11 @@ each trajectory is one sample whose retrieved tokens are masked out of the updat
 for ``mappo_pipeline: decision_agent``, the retrieve-or-answer agent of SmartRAG
 (:mod:`mmoa.train.mappo.decision_rollout`).
 
-With ``mappo_algorithm: grpo`` each question is rolled out ``mappo_group_size`` times in the
-same batched pipeline, every agent sample gets its advantage relative to its question's group
-(:mod:`mmoa.train.mappo.grpo`), and the update has no value head (none is created or saved).
+``mappo_algorithm`` names a registered algorithm (:mod:`mmoa.train.mappo.algorithms`), whose
+properties decide what happens here, never its name: under a grouped one (``grpo``, ...) each
+question is rolled out ``mappo_group_size`` times in the same batched pipeline and every agent
+sample gets its advantage relative to its question's group (:mod:`mmoa.train.mappo.grpo`);
+without ``value_head`` the update has no value head (none is created or saved).
 
 Checkpoints hold everything needed to continue bit-for-bit: weights (adapter or full), value
 head, optimiser, scheduler, KL controller, RNG states and the data position, and last a
@@ -158,12 +160,15 @@ class MappoTrainer(Trainer):
         self.questions_per_step = mappo_args.mappo_questions_per_rollout or max(
             1, args.per_device_train_batch_size * args.gradient_accumulation_steps
             // mappo_args.rollouts_per_question)
-        if mappo_args.is_grpo and mappo_args.mappo_grpo_filter == "skip" \
+        if mappo_args.algorithm.grouped and mappo_args.group_filter == "skip" \
                 and args.world_size > 1:
             raise ValueError(
                 "mappo_grpo_filter: skip leaves a different number of samples on each process, "
                 "and DDP/DeepSpeed need the same number of updates on every one: use "
-                "mappo_grpo_filter: none with several processes")
+                "mappo_grpo_filter: none with several processes"
+                + (f" (mappo_algorithm: {mappo_args.mappo_algorithm} always skips: its dynamic "
+                   "sampling; train it on one process)"
+                   if mappo_args.algorithm.dynamic_sampling else ""))
         global_batch = self.questions_per_step * args.world_size
         if args.max_steps and args.max_steps > 0:
             self.total_steps = int(args.max_steps)
@@ -195,6 +200,7 @@ class MappoTrainer(Trainer):
             algorithm=mappo_args.mappo_algorithm,
             loss_averaging=mappo_args.mappo_loss_averaging,
             kl_loss_coef=mappo_args.mappo_kl_loss_coef,
+            cliprange_high=mappo_args.mappo_cliprange_high,
         )
         #: Objects whose state travels in every checkpoint (``save(folder)`` into the one
         #: being written, ``load(folder)`` when resuming; their ``name`` is their folder),
@@ -286,7 +292,8 @@ class MappoTrainer(Trainer):
     def make_samples(self, records: Sequence[QARecord], traces: Sequence[Trace]
                      ) -> tuple[list[Sample], dict[str, float]]:
         """Scores every trace and makes one sample per optimised agent and trace: under ppo
-        with its score (GAE turns it into advantages), under grpo with its group advantage."""
+        with its score (GAE turns it into advantages), under a grouped algorithm (grpo, ...)
+        with its group advantage."""
         if self.mappo_args.is_decision_agent:
             from mmoa.train.mappo.decision_rollout import decision_samples
 
@@ -301,6 +308,7 @@ class MappoTrainer(Trainer):
         copies = self.mappo_args.rollouts_per_question
         repeated = [record for record in records for _ in range(copies)]
         agents = self.mappo_args.optimized_agents
+        grouped = self.mappo_args.algorithm.grouped
         for record, trace in zip(repeated, traces, strict=True):
             if trace.qr_parse is None or trace.selection_parse is None \
                     or trace.answer_parse is None:
@@ -318,7 +326,7 @@ class MappoTrainer(Trainer):
                 logs[f"response_length/{agent}"].append(len(trace.calls[agent].response_ids))
             logs["num_subquestions"].append(len(trace.subquestions))
             logs["num_selected"].append(len(trace.selected))
-            if self.mappo_args.is_grpo:
+            if grouped:
                 outcomes.append(PipelineOutcome(
                     calls={a: (trace.calls[a].prompt_ids, trace.calls[a].response_ids,
                                trace.calls[a].sampling_logprobs) for a in agents},
@@ -332,10 +340,10 @@ class MappoTrainer(Trainer):
         summary = {k: float(np.mean(v)) for k, v in logs.items()}
         # gold recall / precision of the selection, candidate recall, answer words
         summary.update(step_agent_stats(repeated, traces))
-        if self.mappo_args.is_grpo:
+        if grouped:
             samples, group_logs = group_samples(
-                outcomes, copies, agents, self.mappo_args.mappo_grpo_normalise,
-                self.mappo_args.mappo_grpo_filter)
+                outcomes, copies, agents, self.mappo_args.group_advantage,
+                self.mappo_args.group_filter)
             summary.update(group_logs)
         # the mean score of every optimised agent's call, kept or filtered alike
         summary["reward"] = float(np.mean([logs[f"reward/{a}"] for a in agents]))
@@ -525,12 +533,13 @@ class MappoTrainer(Trainer):
         else:
             self._nonfinite_in_a_row = 0
         losses = ("loss", "policy_loss", "entropy", "clipfrac", "approx_kl", "grad_norm")
-        if not self.mappo_args.is_grpo:
+        algorithm = self.mappo_args.algorithm
+        if algorithm.value_head:
             losses += ("value_loss",)
-        elif self.mappo_args.mappo_kl_loss_coef > 0:
+        if algorithm.kl == "loss" and self.mappo_args.mappo_kl_loss_coef > 0:
             losses += ("kl_loss",)
         logs.update({key: stats.get(key, float("nan")) for key in losses})
-        if kl is not None:  # grpo with the KL loss off computes no reference log-probs
+        if kl is not None:  # a KL loss that is off: no reference log-probs are computed
             logs["kl"] = kl
         # per optimised agent: KL to the warm start and entropy, each over its own tokens
         logs.update(learner.agent_kl(rollout))

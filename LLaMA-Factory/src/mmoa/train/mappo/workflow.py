@@ -15,12 +15,23 @@ from mmoa.data.loaders import load_qa
 from mmoa.data.records import QARecord
 from mmoa.data.registry import resolve_dataset
 from mmoa.fileio import atomic_write_text
-from mmoa.train.mappo.args import MappoArguments, split_mappo_args
+from mmoa.train.mappo.args import MappoArguments, split_mappo_args, typed_llamafactory_keys
 from mmoa.train.mappo.log import in_web_ui, mappo_logger
 
 PLOT_KEYS = ["loss", "reward", "answer_f1", "kl", "kl_coef", "value_loss"]
 #: GRPO has no value head and no adaptive KL coefficient; it logs its groups instead.
 GRPO_PLOT_KEYS = ["loss", "reward", "answer_f1", "kl", "kl_loss", "grpo/zero_variance_fraction"]
+
+
+def plot_keys(algorithm: Any) -> list[str]:
+    """The curves plotted for a registered algorithm, from its properties: ``PLOT_KEYS`` under
+    ppo, ``GRPO_PLOT_KEYS`` under grpo."""
+    keys = ["loss", "reward", "answer_f1", "kl",
+            "kl_coef" if algorithm.kl == "reward" else "kl_loss"]
+    keys += ["value_loss"] if algorithm.value_head else []
+    keys += ["grpo/zero_variance_fraction"] if algorithm.grouped else []
+    return keys
+
 #: LLaMA-Factory's per-step log (``extras.constants.TRAINER_LOG``), which the web UI reads.
 TRAINER_LOG_FILE = "trainer_log.jsonl"
 
@@ -96,6 +107,7 @@ def check_retriever(mappo_args: MappoArguments) -> Any:
     if not isinstance(health, dict) or "corpus_size" not in health:
         raise ValueError(f"{client.url}/health answers without a corpus size: not a retrieval "
                          f"server of this project; start one with: {START_SERVER}")
+    check_server_k(mappo_args, health, client.url)
     try:
         client.retrieve(["retriever check"], topk=1)
     except RetrieverRequestError as err:
@@ -106,6 +118,22 @@ def check_retriever(mappo_args: MappoArguments) -> Any:
     mappo_logger().info(f"[mappo] retriever {client.url}: {health.get('corpus_size', '?')} "
                         f"passages, {health.get('index_type', '?')} index")
     return client
+
+
+def check_server_k(mappo_args: MappoArguments, health: dict[str, Any], url: str) -> None:
+    """The documents per query the pipeline asks for against the server's ``max_k`` (from
+    ``/health``; a server that does not report it is not checked): a key above it failed at
+    the first rollout, after the model had loaded."""
+    limits = health.get("limits")
+    max_k = limits.get("max_k") if isinstance(limits, dict) else None
+    if not isinstance(max_k, int) or isinstance(max_k, bool):
+        return
+    name = ("mappo_search_top_k" if mappo_args.is_search_agent else "mappo_decision_top_k"
+            if mappo_args.is_decision_agent else "mappo_top_k")
+    value = getattr(mappo_args, name)
+    if value > max_k:
+        raise ValueError(f"{name} = {value} exceeds the retrieval server's max_k ({max_k}) at "
+                         f"{url}: lower {name}, or restart the server with --max-k {value}")
 
 
 def run_mappo_from_config(config: dict[str, Any]) -> int:
@@ -152,8 +180,7 @@ def run_mappo(config: dict[str, Any], callbacks: list[Any] | None = None) -> Non
     if trainer.is_world_process_zero():
         trainer.state.save_to_json(str(output / "trainer_state.json"))
         if finetuning_args.plot_loss:
-            grpo = trainer.mappo_args.is_grpo
-            save_training_plots(output, GRPO_PLOT_KEYS if grpo else PLOT_KEYS)
+            save_training_plots(output, plot_keys(trainer.mappo_args.algorithm))
             if trainer.mappo_args.mappo_pipeline == "qr_s_g":
                 save_agent_plot(output)  # training_agents.png: one panel per agent statistic
 
@@ -191,6 +218,7 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
     from mmoa.train.mappo.value_head import ValueHead
 
     mappo_args, rest = split_mappo_args(config)
+    rest = typed_llamafactory_keys(rest)  # HfArgumentParser converts no value of a dict
     rest.setdefault("do_train", True)
     model_args, data_args, training_args, finetuning_args, _ = get_train_args(rest)
     if in_web_ui():
@@ -200,9 +228,10 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
 
         transformers.utils.logging.set_verbosity_warning()
     check_training_setup(model_args, training_args, finetuning_args)
-    if mappo_args.is_grpo and finetuning_args.ppo_whiten_rewards:
-        raise ValueError("ppo_whiten_rewards whitens PPO's per-token rewards; "
-                         "mappo_algorithm: grpo has none (its advantages are group-normalised)")
+    if mappo_args.algorithm.kl != "reward" and finetuning_args.ppo_whiten_rewards:
+        raise ValueError(f"ppo_whiten_rewards whitens PPO's per-token rewards; "
+                         f"mappo_algorithm: {mappo_args.mappo_algorithm} has none (its "
+                         f"advantages are group-normalised)")
     if not data_args.dataset:
         raise ValueError("the mappo stage needs `dataset` (a MAPPO prompt set)")
     records = load_mappo_records(",".join(data_args.dataset), data_args.dataset_dir,
@@ -215,11 +244,11 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
     tokenizer.padding_side = "left"
     policy = load_model(tokenizer, model_args, finetuning_args, is_trainable=True)
     value_head = None
-    if not mappo_args.is_grpo:  # grpo: no critic is created, loaded or saved
+    if mappo_args.algorithm.value_head:  # grpo, ...: no critic is created, loaded or saved
         hidden = policy.config.get_text_config().hidden_size
         value_head = ValueHead(hidden).to(device=next(policy.parameters()).device)
     ref_model = None
-    needs_reference = not mappo_args.is_grpo or mappo_args.mappo_kl_loss_coef > 0
+    needs_reference = mappo_args.algorithm.needs_reference(mappo_args.mappo_kl_loss_coef)
     if finetuning_args.finetuning_type != "lora" and needs_reference:
         ref_model = create_ref_model(model_args, finetuning_args, add_valuehead=False)
         if ref_model is None:  # no `ref_model` given: a frozen copy of the starting weights
