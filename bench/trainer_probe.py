@@ -585,6 +585,13 @@ def bad_configs(world: World) -> dict[str, tuple[dict[str, Any] | str, tuple[str
         "wrong bearer token": (with_(**fault, mappo_retriever_token="wrong"), ()),
         "bearer token missing": (with_(**fault, mappo_retriever_token=_DROP), ()),
         "template unknown": (with_(template="no_such_template"), ()),
+        # issue 47: settings that cannot learn, LLaMA-Factory keys of the wrong type, a stage
+        # typo, a k the server cannot serve (each one line, before the model loads)
+        "mappo_group_size 1 under grpo": (with_(mappo_algorithm="grpo", mappo_group_size=1),
+                                          ()),
+        "max_samples is a string ('abc')": (with_(max_samples="abc"), ()),
+        "mappo_top_k above the server's max_k (1000)": (with_(mappo_top_k=1000), ()),
+        "stage misspelled (retriever-rl)": (with_(stage="retriever-rl"), ()),
         "YAML syntax error": ("stage: mappo\nmax_steps: [1\n", ()),
         "override without '='": (good, ("max_steps",)),
     }

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,8 +95,64 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+#: Servers started by this process and not stopped yet.
+_LIVE: list[ServerProcess] = []
+#: The SIGTERM / SIGHUP handlers found when ours was installed (chained to).
+_PREVIOUS_HANDLERS: dict[int, Any] = {}
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_all_servers() -> None:
+    """Stop every server this process started and has not stopped (at exit, on SIGTERM)."""
+    for server in list(_LIVE):
+        with contextlib.suppress(Exception):
+            server.stop()
+
+
+def _on_termination(signum: int, frame: Any) -> None:
+    """SIGTERM (or SIGHUP) to the test run: its servers first, then what the signal did
+    before (the default: the process ends as killed by that signal)."""
+    stop_all_servers()
+    previous = _PREVIOUS_HANDLERS.get(signum, signal.SIG_DFL)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _install_cleanup() -> None:
+    """Once per process: stop the servers at interpreter exit and on SIGTERM / SIGHUP, which
+    otherwise end pytest without running a fixture's teardown or ``atexit`` (the servers run
+    in their own session, so the signal does not reach them)."""
+    if _PREVIOUS_HANDLERS or threading.current_thread() is not threading.main_thread():
+        return
+    atexit.register(stop_all_servers)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        _PREVIOUS_HANDLERS[sig] = signal.signal(sig, _on_termination)
+
+
+def _die_with_parent(parent: int) -> Any:
+    """``preexec_fn``: the server gets SIGTERM when the process that started it dies, even by
+    SIGKILL (Linux ``PR_SET_PDEATHSIG``, kept across ``run_server.sh``'s ``exec``); gunicorn
+    then stops its worker. Elsewhere nothing."""
+    def preexec() -> None:
+        if not sys.platform.startswith("linux"):
+            return
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        if os.getppid() != parent:  # the parent died before prctl: nobody will stop us
+            os._exit(1)
+    return preexec
+
+
 class ServerProcess:
-    """``run_server.sh`` (or ``flask_server.py``) as a subprocess on a loopback port."""
+    """``run_server.sh`` (or ``flask_server.py``) as a subprocess on a loopback port.
+
+    It runs in its own session (``stop`` ends the whole group: gunicorn and its worker) and
+    never outlives the test run: stopped at exit, on SIGTERM / SIGHUP to this process, and,
+    on Linux, when this process dies in any way (``PR_SET_PDEATHSIG``)."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None,
                  log_path: Path | None = None, use_script: bool = True) -> None:
@@ -107,8 +164,11 @@ class ServerProcess:
         command = (["bash", str(ROOT / "run_server.sh")] if use_script
                    else [sys.executable, str(ROOT / "flask_server.py")]) + args
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        _install_cleanup()
         self.proc = subprocess.Popen(command, env=full_env, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_die_with_parent(os.getpid()))
+        _LIVE.append(self)
 
     def wait_ready(self, timeout: float = 120.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -126,6 +186,8 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")[-5000:] if self.log_path else ""
 
     def stop(self) -> int:
+        if self in _LIVE:
+            _LIVE.remove(self)
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)  # our own session: gunicorn and its worker
             try:

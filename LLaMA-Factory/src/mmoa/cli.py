@@ -455,6 +455,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
               if k in EvalConfig.__dataclass_fields__ and v is not None}
     config = EvalConfig(**fields)
     try:
+        if args.k is not None:  # given, not the default: refused where nothing would read it
+            _check_k_is_used(config)
         config.validate()
         check_eval(config.model_name_or_path, config.adapter_name_or_path, config.data_file,
                    config.dataset, config.dataset_dir)
@@ -465,17 +467,34 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         print(f"{args.prog}: error: {err}", file=sys.stderr)
         return 2
     from mmoa.console import routed_library_logs
+    from mmoa.retrieval.client import RetrieverRequestError
 
     try:
         with routed_library_logs(config.output_dir):
             metrics = evaluate(config)
-    except (ValueError, KeyError, FileNotFoundError, ConnectionError) as err:
-        print(f"{args.prog}: error: {err}", file=sys.stderr)
+    except (ValueError, KeyError, FileNotFoundError, ConnectionError,
+            RetrieverRequestError) as err:  # the last: the server refused a request (4xx)
+        detail = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        print(f"{args.prog}: error: {detail}", file=sys.stderr)
         return 2
     print(format_table([(config.output_dir, metrics)]))
     print("\n".join(scoring_legend([(config.output_dir, metrics)])))
     print(f"wrote {config.output_dir}/predictions.jsonl and {config.output_dir}/metrics.json")
     return 0
+
+
+def _check_k_is_used(config: object) -> None:
+    """``--k`` is the candidate count of the QR/S/G modes; the multi-turn agents have their
+    own option, and mode ``g`` retrieves nothing. Given there, it used to be ignored without a
+    word: refused instead (a ``ValueError`` naming the option to use)."""
+    from mmoa.evaluation import DECISION_AGENT_MODE, SEARCH_AGENT_MODE
+
+    mode = getattr(config, "mode", None)
+    instead = {SEARCH_AGENT_MODE: "use --search_top_k (documents per query)",
+               DECISION_AGENT_MODE: "use --decision_top_k (documents per search)",
+               "g": "mode g retrieves nothing (no retrieval)"}.get(mode)
+    if instead is not None:
+        raise ValueError(f"--k is not used by mode {mode}: {instead}")
 
 
 def _add_eval_command(commands: argparse._SubParsersAction) -> None:
@@ -523,8 +542,10 @@ def _add_eval_command(commands: argparse._SubParsersAction) -> None:
                          "retrieval), search_agent (the multi-turn search agent; "
                          "docs/search_agent.md) or decision_agent (answer or search, "
                          "SmartRAG; docs/decision_agent.md)")
-    ev.add_argument("--k", type=int, default=10,
-                    help="candidate documents per question (default 10; the demo uses 5)")
+    ev.add_argument("--k", type=int, default=None,
+                    help="candidate documents per question, modes qr_s_g, qr_g, s_g and rag "
+                         "(default 10; the demo uses 5; refused by the other modes: see "
+                         "--search_top_k and --decision_top_k)")
     ev.add_argument("--batch_size", type=int, default=16,
                     help="questions generated together per agent call (default 16)")
     ev.add_argument("--max_samples", type=int, help="evaluate only the first N questions")

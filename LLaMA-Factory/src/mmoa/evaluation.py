@@ -142,6 +142,22 @@ class EvalConfig:
         if self.decision_policy != "model" and self.mode != DECISION_AGENT_MODE:
             raise ValueError(f"decision_policy {self.decision_policy} needs mode "
                              f"{DECISION_AGENT_MODE}, got mode {self.mode}")
+        out = Path(self.output_dir)
+        if out.exists() and not out.is_dir():
+            # else the whole run went by and the write at the end failed with a traceback
+            raise ValueError(f"output_dir {out} exists and is not a folder (predictions.jsonl "
+                             f"and metrics.json are written into it)")
+
+    @property
+    def retrieval_k(self) -> tuple[str, int] | None:
+        """``(option, documents per query)`` of the mode's retrievals; ``None``: none."""
+        if not self.needs_retriever:
+            return None
+        if self.mode == DECISION_AGENT_MODE:
+            return "decision_top_k", self.decision_top_k
+        if self.mode == SEARCH_AGENT_MODE:
+            return "search_top_k", self.search_top_k
+        return "k", self.k
 
     @property
     def needs_retriever(self) -> bool:
@@ -341,6 +357,22 @@ def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
     return metrics
 
 
+def check_server_limits(config: EvalConfig, health: dict[str, Any]) -> None:
+    """The documents per query the mode asks for against the server's ``max_k`` (from
+    ``/health``; not checked where the server does not report it): a ``ValueError`` naming
+    the option before the model loads, instead of the server's 400 at the first batch."""
+    limits = health.get("limits") if isinstance(health, dict) else None
+    max_k = limits.get("max_k") if isinstance(limits, dict) else None
+    wanted = config.retrieval_k
+    if wanted is None or not isinstance(max_k, int) or isinstance(max_k, bool):
+        return
+    option, k = wanted
+    if k > max_k:
+        raise ValueError(f"--{option} {k} exceeds the retrieval server's max_k ({max_k}) at "
+                         f"{config.retriever_url}: lower --{option}, or restart the server "
+                         f"with --max-k {k}")
+
+
 def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
     """Runs the pipeline over the dataset and writes ``predictions.jsonl`` and ``metrics.json``."""
     from tqdm.auto import tqdm
@@ -353,7 +385,8 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
     retriever: Any = None
     if config.needs_retriever:
         retriever = RetrievalClient(config.retriever_url, token=config.retriever_token)
-        retriever.health()  # fail before the model is loaded when the server is not there
+        # fail before the model is loaded when the server is not there, or cannot answer k
+        check_server_limits(config, retriever.health())
     model, tokenizer = load_for_inference(
         config.model_name_or_path, config.template, config.adapter_name_or_path
     )

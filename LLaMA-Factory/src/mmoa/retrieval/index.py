@@ -538,6 +538,10 @@ class Retriever:
 
     def describe(self) -> dict[str, Any]:
         return {"corpus_size": len(self.corpus), "dim": self.meta.dim,
+                # the index's identity as meta.json records it (a client that reads the same
+                # folder, the retriever_rl trainer, checks it serves this very index)
+                "corpus_checksum": self.meta.corpus_checksum,
+                "index_checksum": self.meta.files.get(INDEX_FILE),
                 "index_type": self.meta.factory, "index_class": type(self.index).__name__,
                 "placement": self.placement, "metric": self.meta.metric,
                 "encoder": {"name": self.encoder.name, "path": str(self.encoder.model_path),

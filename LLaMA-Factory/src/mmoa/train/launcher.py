@@ -74,6 +74,7 @@ def run_train(argv: Sequence[str]) -> int:
 
     config = read_train_config(argv)
     stage = config.get("stage", "sft")
+    check_stage(stage)
     if stage == MAPPO_STAGE and config.get("deepspeed") and "LOCAL_RANK" not in os.environ:
         # once, before torchrun starts the ranks: else DeepSpeed may wait forever for its build
         from mmoa.train.extension_locks import clear_stale_extension_locks
@@ -100,6 +101,40 @@ def run_train(argv: Sequence[str]) -> int:
 
             return run_retriever_rl_from_config(config)
         return run_llamafactory("train", argv)
+
+
+#: LLaMA-Factory's stages, where its ``FinetuningArguments`` cannot be read.
+LLAMAFACTORY_STAGES: tuple[str, ...] = ("pt", "sft", "rm", "ppo", "dpo", "kto")
+
+
+def llamafactory_stages() -> tuple[str, ...]:
+    """The values of LLaMA-Factory's ``stage`` key (its ``FinetuningArguments.stage``)."""
+    import typing
+
+    try:
+        from llamafactory.hparams import FinetuningArguments
+
+        stages = typing.get_args(typing.get_type_hints(FinetuningArguments)["stage"])
+    except Exception:  # another llamafactory layout: the 0.9.5 list
+        return LLAMAFACTORY_STAGES
+    return tuple(s for s in stages if isinstance(s, str)) or LLAMAFACTORY_STAGES
+
+
+def check_stage(stage: Any) -> None:
+    """An unknown ``stage`` (``retriever-rl``) is a :class:`TrainConfigError` naming the
+    closest stage, instead of falling through to LLaMA-Factory's parser and its traceback."""
+    import difflib
+
+    if stage in (MAPPO_STAGE, RETRIEVER_RL_STAGE):
+        return
+    known = (*llamafactory_stages(), MAPPO_STAGE, RETRIEVER_RL_STAGE)
+    if stage in known:
+        return
+    typed = str(stage).strip().lower().replace("-", "_").replace(" ", "_")
+    close = [typed] if typed in known else difflib.get_close_matches(typed, known, n=1,
+                                                                      cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise TrainConfigError(f"unknown stage {stage!r}{hint} (stages: {', '.join(known)})")
 
 
 def _wants_torchrun() -> bool:

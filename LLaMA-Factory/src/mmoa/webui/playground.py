@@ -13,6 +13,7 @@ pipeline then searches with the question itself) and its selection may be empty.
 from __future__ import annotations
 
 import html
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -97,7 +98,7 @@ class PlaygroundSession:
         # The session is the UI's, shared by every page open on it.
         return f"using {_describe(key)} (loaded earlier in this web UI)"
 
-    def ask(self, question: str, retriever_url: str, top_k: int, mode: str) -> PlaygroundAnswer:
+    def ask(self, question: str, retriever_url: str, top_k: Any, mode: str) -> PlaygroundAnswer:
         from mmoa.agents.pipeline import RagPipeline
         from mmoa.retrieval.client import RetrievalClient
 
@@ -106,8 +107,7 @@ class PlaygroundSession:
             raise ValueError("type a question")
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-        if int(top_k) < 1:
-            raise ValueError("top-K must be at least 1")
+        top_k = top_k_count(top_k)
         with self.lock:
             if self.key is None:
                 raise ValueError("load a model first")
@@ -116,7 +116,7 @@ class PlaygroundSession:
                 retriever = RetrievalClient(retriever_url.strip(), timeout=30.0, retries=1)
             try:
                 pipeline = RagPipeline(self.model, self.tokenizer, self.key.template, retriever,
-                                       mode=mode, k=int(top_k))  # type: ignore[arg-type]
+                                       mode=mode, k=top_k)  # type: ignore[arg-type]
                 start = time.perf_counter()
                 trace = pipeline.run([question])[0]
                 total = time.perf_counter() - start
@@ -222,6 +222,20 @@ def render_timings(answer: PlaygroundAnswer) -> str:
 
 #: Status line prefix of a question that failed; the result fields are then empty.
 ERROR_PREFIX = "error: "
+def top_k_count(value: Any) -> int:
+    """The Top-K field as a count of documents: a whole number >= 1. Anything else (empty,
+    ``inf``, ``nan``, ``2.5``, text) is a ``ValueError`` for the status line; ``int(inf)``
+    was an ``OverflowError`` traceback."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number) or number != int(number) \
+            or number < 1:
+        raise ValueError(f"Top-K must be a whole number of at least 1, got {value!r}")
+    return int(number)
+
+
 #: answer, sub-questions, selection, timings, candidates, raw trace
 EMPTY_RESULTS: tuple[Any, ...] = ("", "", "", "", "", None)
 
@@ -233,7 +247,7 @@ def ask_for_page(session: PlaygroundSession, path: str, adapter: str, template: 
     with every result field empty, so nothing of an earlier question is left on screen."""
     try:
         loaded = session.load(path, adapter or "", template or "")
-        result = session.ask(question, url, int(top_k or 0), mode)
+        result = session.ask(question, url, top_k, mode)
     except (ValueError, OSError, RuntimeError) as err:  # includes retriever errors
         return (f"{ERROR_PREFIX}{err}", *EMPTY_RESULTS)
     status_line = (f"{loaded}; answered in {result.total_seconds:.2f} s "

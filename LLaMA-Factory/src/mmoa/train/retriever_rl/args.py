@@ -17,6 +17,7 @@ from typing import Any
 
 from mmoa import defaults
 from mmoa.retrieval.client import DEFAULT_URL
+from mmoa.retrieval.sampling import MAX_ALPHA, MIN_ALPHA
 from mmoa.train.retriever_rl.state import QUERY_MODES
 
 STAGE = "retriever_rl"
@@ -129,12 +130,20 @@ class RetrieverRLArguments:
         if self.retriever_top_k > self.retriever_pool_size:
             raise ValueError(f"retriever_top_k ({self.retriever_top_k}) must not exceed "
                              f"retriever_pool_size ({self.retriever_pool_size})")
+        if self.retriever_group_size < 2:
+            raise ValueError(f"retriever_group_size must be at least 2, got "
+                             f"{self.retriever_group_size} (a group of one retrieval is its own "
+                             f"baseline: every advantage is 0 and nothing is learned)")
         for name in ("retriever_alpha", "learning_rate", "retriever_cliprange",
                      "retriever_timeout", "max_grad_norm"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) \
                     or not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if not MIN_ALPHA <= self.retriever_alpha <= MAX_ALPHA:
+            raise ValueError(f"retriever_alpha must lie in {MIN_ALPHA:g}..{MAX_ALPHA:g} (the "
+                             f"server's range: beyond it score / alpha overflows and the loss is "
+                             f"NaN), got {self.retriever_alpha!r}")
         if not 0 <= self.retriever_lora_dropout < 1:
             raise ValueError(f"retriever_lora_dropout must lie in [0, 1), got "
                              f"{self.retriever_lora_dropout!r}")
@@ -185,4 +194,10 @@ def parse_retriever_rl_args(config: dict[str, Any]) -> RetrieverRLArguments:
     missing = [k for k in required if config.get(k) in (None, "")]
     if missing:
         raise ValueError(f"stage {STAGE}: required key(s) {missing} missing")
-    return RetrieverRLArguments(**{k: v for k, v in config.items() if k in known})
+    # the types of every key, read by MAPPO's one check, with strings refused for booleans:
+    # `plot_loss: "false"` was a non-empty string, so true (imported here: it brings torch)
+    from mmoa.train.mappo.args import typed_fields
+
+    typed = typed_fields(RetrieverRLArguments, {k: v for k, v in config.items() if k in known},
+                         bool_strings=False)
+    return RetrieverRLArguments(**typed)

@@ -25,6 +25,10 @@ from mmoa.retrieval.sampling import plackett_luce_logprob
 from mmoa.train.mappo.ppo_math import group_relative_advantages, policy_loss, zero_variance_groups
 
 
+class NonFiniteLossError(ValueError):
+    """The GRPO loss is NaN or infinite: the update is not applied and the run stops."""
+
+
 def sample_logprobs(query_vectors: torch.Tensor, pool_vectors: torch.Tensor,
                     valid: torch.Tensor, picks: torch.Tensor, alpha: float) -> torch.Tensor:
     """``[n]`` log-probabilities of the picks: ``query_vectors [n, d]`` against the frozen
@@ -115,6 +119,13 @@ def grpo_update(embed: Callable[[Sequence[str]], torch.Tensor],
         loss, loss_stats = policy_loss(as_matrix(logprobs), as_matrix(old.to(device)),
                                        adv_matrix.to(device), mask.to(device), cliprange)
         stats.update(loss=float(loss.detach()), **{k: float(v) for k, v in loss_stats.items()})
+        if not torch.isfinite(loss.detach()).all():
+            # stepping would write NaN into the encoder (and the run ended with exit code 0)
+            raise NonFiniteLossError(
+                f"the GRPO loss is not finite ({float(loss.detach())}) in update epoch "
+                f"{epoch + 1}: non-finite log-probabilities (trainer "
+                f"{float(logprobs.detach().abs().max())}, server "
+                f"{float(old.abs().max())}) or rewards; the update was not applied")
         if not signal:
             stats["grad_norm"] = 0.0
             break

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import pickle
 import random
 import signal
 import sys
@@ -51,6 +52,7 @@ class RetrieverRLTrainer:
         """``generator``: the answerer of the F1 reward and log instead of a frozen copy of
         ``model_name_or_path`` (the joint MAPPO option passes its live policy's)."""
         from mmoa.retrieval.client import RetrievalClient
+        from mmoa.retrieval.encoder import EncoderFolderError
         from mmoa.train.mappo.workflow import load_mappo_records
         from mmoa.train.retriever_rl.evaluate import frozen_generator
         from mmoa.train.retriever_rl.policy import (
@@ -71,18 +73,33 @@ class RetrieverRLTrainer:
                              f"(supporting_ids) of every question; {len(unlabelled)} of "
                              f"dataset {args.dataset!r} have none (e.g. {unlabelled[0]!r})")
         self.vectors = DocumentVectors(Path(args.retriever_index))
-        if health.get("corpus_size") != self.vectors.size or health.get("dim") != self.vectors.dim:
-            raise ValueError(
-                f"retriever_index {args.retriever_index} holds {self.vectors.size} "
-                f"{self.vectors.dim}-d vectors, the server at {self.client.url} serves "
-                f"{health.get('corpus_size')} {health.get('dim')}-d ones: start the server on "
-                f"the same index")
+        check_index_identity(Path(args.retriever_index), self.vectors, health, self.client.url)
         torch.manual_seed(args.seed)
-        self.policy = QueryEncoderPolicy(
-            policy_config(Path(args.retriever_index), args.retriever_encoder),
-            args.retriever_finetuning, args.retriever_lora_rank, args.retriever_lora_alpha,
-            args.retriever_lora_dropout, args.lora_targets,
-            device="cuda" if torch.cuda.is_available() else "cpu")
+        config = policy_config(Path(args.retriever_index), args.retriever_encoder)
+        try:
+            if args.retriever_encoder:
+                from mmoa.retrieval.encoder import check_model_folder
+
+                # the folder the user named: regular files, a sane config.json, the index's
+                # dimension (pickle weights are the user's own here, as with --encoder)
+                check_model_folder(args.retriever_encoder, untrusted=False,
+                                   expected_dim=self.vectors.dim)
+            self.policy = QueryEncoderPolicy(
+                config, args.retriever_finetuning, args.retriever_lora_rank,
+                args.retriever_lora_alpha, args.retriever_lora_dropout, args.lora_targets,
+                device="cuda" if torch.cuda.is_available() else "cpu")
+        except EncoderFolderError as err:  # names the file and the reason
+            raise ValueError(f"retriever_encoder: {_one_line(err)}") from err
+        except ValueError as err:
+            if str(err).startswith("retriever_"):
+                raise  # names its key already (retriever_lora_target)
+            raise ValueError(f"retriever_encoder {config.model} cannot be loaded: "
+                             f"{_one_line(err)}") from err
+        except (OSError, RuntimeError, pickle.UnpicklingError, KeyError, TypeError) as err:
+            # transformers' and torch's load errors (an unpicklable or truncated checkpoint,
+            # missing files) span many lines and are no ValueError: one line, naming the key
+            raise ValueError(f"retriever_encoder {config.model} cannot be loaded: "
+                             f"{type(err).__name__}: {_one_line(err)}") from err
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(),
                                            lr=args.learning_rate, weight_decay=0.0)
         if generator is None and self.answers_needed:
@@ -249,17 +266,20 @@ class RetrieverRLTrainer:
         """One step: rollouts from the served encoder, one GRPO update, the server reloaded
         (every ``retriever_reload_every`` updates, and never after the last one: see
         :meth:`sync_server`), the log line. Returns the step's figures."""
-        from mmoa.train.retriever_rl.learner import grpo_update
+        from mmoa.train.retriever_rl.learner import NonFiniteLossError, grpo_update
 
         args = self.args
         step_started = time.perf_counter()
         groups, stats = self.rollout(self.step)
         started = time.perf_counter()
-        stats.update(grpo_update(
-            self.policy.embed, self.policy.trainable_parameters(), self.optimizer,
-            groups, alpha=args.retriever_alpha, cliprange=args.retriever_cliprange,
-            epochs=args.retriever_update_epochs, max_grad_norm=args.max_grad_norm,
-            normalise=args.retriever_grpo_normalise))
+        try:
+            stats.update(grpo_update(
+                self.policy.embed, self.policy.trainable_parameters(), self.optimizer,
+                groups, alpha=args.retriever_alpha, cliprange=args.retriever_cliprange,
+                epochs=args.retriever_update_epochs, max_grad_norm=args.max_grad_norm,
+                normalise=args.retriever_grpo_normalise))
+        except NonFiniteLossError as err:  # ends the run with exit code 1, no checkpoint
+            raise NonFiniteLossError(f"step {self.step + 1}: {err}") from err
         stats["time/update"] = time.perf_counter() - started
         self.step += 1
         if self.step % args.retriever_reload_every == 0 and self.step < args.max_steps:
@@ -357,6 +377,47 @@ class RetrieverRLTrainer:
         self.log_history = list(state["log_history"])
         atomic_write_text(self.output / TRAINER_LOG_FILE,
                           (folder / TRAINER_LOG_FILE).read_text(encoding="utf-8"))
+
+
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    """The first non-empty line of an error's message, at most ``limit`` characters."""
+    text = next((line.strip() for line in str(err).splitlines() if line.strip()), repr(err))
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def check_index_identity(index_dir: Path, vectors: Any, health: dict[str, Any],
+                         url: str) -> None:
+    """The server at ``url`` must serve the index folder whose passage vectors the trainer
+    scores against: same size and dimension, and (where the server reports them) the same
+    corpus checksum and ``index.faiss`` sha256 as ``meta.json`` records. Size and dimension
+    alone let a run train against another 300-passage corpus (exit 0, a log-probability gap of
+    7 and a clip ratio of 0.002): a ``ValueError`` in one line instead."""
+    from mmoa.retrieval.index import INDEX_FILE, META_FILE, IndexLoadError, IndexMeta
+
+    try:
+        meta = IndexMeta.read(index_dir / META_FILE)
+    except (IndexLoadError, OSError) as err:
+        raise ValueError(f"retriever_index {index_dir}: {_one_line(err)}") from err
+    problems = []
+    if health.get("corpus_size") != vectors.size or health.get("dim") != vectors.dim:
+        problems.append(f"{vectors.size} {vectors.dim}-d vectors here, "
+                        f"{health.get('corpus_size')} {health.get('dim')}-d ones there")
+    served_corpus, served_index = health.get("corpus_checksum"), health.get("index_checksum")
+    if served_corpus is not None and served_corpus != meta.corpus_checksum:
+        problems.append(f"corpus checksum {meta.corpus_checksum[:12]}… here, "
+                        f"{str(served_corpus)[:12]}… there")
+    recorded = meta.files.get(INDEX_FILE)
+    if recorded and served_index and served_index != recorded:
+        problems.append(f"{INDEX_FILE} sha256 {recorded[:12]}… here, "
+                        f"{str(served_index)[:12]}… there")
+    if problems:
+        raise ValueError(f"retriever_index {index_dir} is another index than the one the server "
+                         f"at {url} serves ({'; '.join(problems)}): start the server on "
+                         f"retriever_index, or point retriever_index at the server's index")
+    if served_corpus is None:
+        print(f"[retriever_rl] warning: the server at {url} does not report its index's "
+              f"checksums (an older server): only the passage count and dimension were "
+              f"compared with retriever_index", file=sys.stderr, flush=True)
 
 
 def _install_stop_handlers() -> tuple[Any, dict[int, Any]]:
