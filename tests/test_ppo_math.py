@@ -476,3 +476,24 @@ def test_masked_whiten_by_group_single_token_group_is_zero() -> None:
     assert out[0].tolist() == pytest.approx([-1 / math.sqrt(2), 1 / math.sqrt(2)], abs=1e-6)
     with pytest.raises(ValueError, match="2 group names for 3 rows"):
         masked_whiten_by_group(torch.zeros(3, 2), torch.ones(3, 2), ["a", "b"])
+
+
+def test_gae_lambda_below_one_with_a_zero_critic_favours_stopping() -> None:
+    """The Selector's collapse (docs/mappo.md, *Why the Selector collapsed*): with the critic
+    still at its zero initialisation and the reward R on the last token, lambda < 1 gives a
+    stop token at position t the whole R but a continuation lam^k R (k = tokens still to come),
+    so for the same outcome stopping is reinforced more; lambda = 1 gives every token R."""
+    reward = 0.8
+    # "Document0" then stop (2 tokens) vs "Document0" "," "Document1" stop (4 tokens), same R
+    short = torch.tensor([[0.0, reward, 0.0, 0.0]])
+    long = torch.tensor([[0.0, 0.0, 0.0, reward]])
+    masks = (torch.tensor([[1, 1, 0, 0]]), torch.ones(1, 4))
+    values = torch.zeros(1, 4)
+    adv_short, _ = compute_gae(short, values, masks[0], 1.0, 0.95)
+    adv_long, _ = compute_gae(long, values, masks[1], 1.0, 0.95)
+    # position 1: the stop token gets R, the "," of the longer selection 0.95^2 R
+    assert adv_short[0, 1].item() == pytest.approx(reward)
+    assert adv_long[0, 1].item() == pytest.approx(0.95 ** 2 * reward)
+    for rewards, mask in ((short, masks[0]), (long, masks[1])):
+        adv, _ = compute_gae(rewards, values, mask, 1.0, 1.0)
+        assert adv[mask.bool()].tolist() == pytest.approx([reward] * int(mask.sum()))
