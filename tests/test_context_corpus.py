@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from json_files import write_json, write_jsonl
 
 from mmoa.data.context_corpus import build_context_corpus, join_sentences, main, paragraph_id
 from mmoa.fileio import DataFormatError, read_jsonl
@@ -61,15 +62,7 @@ FLASHRAG = [
 ]  # fmt: skip
 
 
-def _write_json(path: Path, data: Any) -> Path:
-    path.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
-    return path
-
-
-def _write_jsonl(path: Path, rows: list[Any]) -> Path:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
-                    encoding="utf-8")
-    return path
+_write_json, _write_jsonl = write_json, write_jsonl
 
 
 def test_join_sentences() -> None:

@@ -5,13 +5,13 @@ evaluation's report."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from json_files import write_json, write_jsonl
 
 from mmoa.agents.candidates import Candidate
 from mmoa.agents.parsers import parse_selection
@@ -91,15 +91,7 @@ NQ_OPEN = [
 ]  # fmt: skip
 
 
-def _write_json(path: Path, data: Any) -> Path:
-    path.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
-    return path
-
-
-def _write_jsonl(path: Path, rows: list[Any]) -> Path:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
-                    encoding="utf-8")
-    return path
+_write_json, _write_jsonl = write_json, write_jsonl
 
 
 def _corpus_documents(tmp_path: Path) -> list[dict[str, str]]:
