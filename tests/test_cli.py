@@ -189,3 +189,16 @@ def test_train_with_a_yaml_syntax_error_is_one_line(tmp_path: Path,
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert f"{config}: cannot read the config (" in err and "line 2" in err
+
+
+def test_eval_compare_with_a_missing_or_broken_metrics_file_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "metrics.json").write_text("{not json")
+    for entry, names in ((f"run={tmp_path / 'missing'}", "no metrics file"),
+                         (f"run={broken}", "metrics.json: not a metrics file")):
+        assert main(["eval", "--compare", entry]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("mmoa-cli eval: error: --compare: ") and names in err
+        assert len(err.splitlines()) == 1

@@ -442,7 +442,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from mmoa.preflight import PreflightError, check_eval, command_here, project_root
 
     if args.compare:
-        runs = [(label, load_metrics(path)) for label, path in map(compare_entry, args.compare)]
+        try:
+            runs = [(label, load_metrics(path))
+                    for label, path in map(compare_entry, args.compare)]
+        except (FileNotFoundError, ValueError) as err:
+            print(f"{args.prog}: error: --compare: {err}", file=sys.stderr)
+            return 2
         print(format_table(runs))
         print("\n".join(scoring_legend(runs)))
         return 0

@@ -558,4 +558,7 @@ def load_metrics(path: str | Path) -> dict[str, Any]:
         source = source / METRICS_FILE
     if not source.is_file():
         raise FileNotFoundError(f"{source}: no metrics file (run an evaluation first)")
-    return json.loads(source.read_text(encoding="utf-8"))
+    try:
+        return json.loads(source.read_text(encoding="utf-8"))
+    except ValueError as err:  # JSONDecodeError and undecodable bytes alike
+        raise ValueError(f"{source}: not a metrics file ({err})") from err
