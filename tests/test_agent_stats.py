@@ -245,18 +245,20 @@ def test_a_resumed_run_keeps_its_baselines_and_does_not_warn_again() -> None:
 def test_the_trainer_log_lines_carry_the_per_agent_keys(tmp_path: Path) -> None:
     from mmoa.train.mappo.log_callback import MappoLogCallback
 
-    callback = MappoLogCallback()
+    callback = MappoLogCallback(curve_keys=["loss", "answer_f1", "value_loss"])
     args = SimpleNamespace(should_save=True, output_dir=str(tmp_path))
     state = SimpleNamespace(max_steps=2, global_step=0, log_history=[], num_input_tokens_seen=0)
     callback.on_train_begin(args, state, None)
     for step, selected in ((1, 4.9), (2, 1.0)):
         state.global_step = step
         state.log_history.append({"loss": 0.5, "reward": 0.3, "num_selected": selected,
-                                  "kl/selector": 0.01 * step, "time/step": 9.0, "step": step})
+                                  "kl/selector": 0.01 * step, "time/step": 9.0, "step": step,
+                                  "answer_f1": 0.25 * step, "value_loss": 0.1})
         callback.on_log(args, state, None)
     callback.on_train_end(args, state, None)
     lines = [json.loads(line) for line in (tmp_path / "trainer_log.jsonl").read_text()
              .splitlines()]
-    assert [(e["current_steps"], e["num_selected"], e["kl/selector"]) for e in lines] == [
-        (1, 4.9, 0.01), (2, 1.0, 0.02)]
+    assert [(e["current_steps"], e["num_selected"], e["kl/selector"], e["answer_f1"])
+            for e in lines] == [(1, 4.9, 0.01, 0.25), (2, 1.0, 0.02, 0.5)]
+    assert all(e["value_loss"] == 0.1 for e in lines)
     assert all("time/step" not in e and e["loss"] == 0.5 for e in lines)

@@ -1,5 +1,9 @@
 """Evaluation of the whole pipeline: Acc / EM / F1 plus per-agent statistics.
 
+``mode`` picks the registered pipeline that runs it (:func:`mmoa.pipelines.pipeline_for_mode`):
+the pipeline builds the run, writes each question's row and its own columns; this module loads
+the data, runs the batches, aggregates and reports, whatever the pipeline.
+
 ``mode: search_agent`` evaluates the multi-turn search agent (:mod:`mmoa.agents.search_agent`)
 with the same scores, and records per question its turns, retrieval rounds, queries, retrieved
 tokens and seconds (the batch's wall time over its questions); every mode reports seconds per
@@ -22,7 +26,6 @@ reader knows which published script the figures are comparable with.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import time
@@ -30,13 +33,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import fmean, stdev
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mmoa.agents.modes import MODE_AGENTS, MODES
 from mmoa.data.loaders import AMBIGQA_ANSWER_SETS, DEFAULT_AMBIGQA_ANSWERS
 from mmoa.data.records import QARecord
 from mmoa.data.registry import load_dataset_records
-from mmoa.data.support import GoldSupport
 from mmoa.defaults import (
     DECISION_MAX_NEW_TOKENS,
     DECISION_MAX_SEARCHES,
@@ -50,17 +51,31 @@ from mmoa.defaults import (
     SEARCH_TOP_K,
 )
 from mmoa.fileio import atomic_write_json, atomic_write_jsonl
-from mmoa.metrics import DEFAULT_PROFILE, get_profile, score_answer
+from mmoa.metrics import DEFAULT_PROFILE, get_profile
+from mmoa.pipelines import eval_modes, pipeline_for_mode
+from mmoa.pipelines.decision_agent import score_decision_trajectory
+from mmoa.pipelines.qr_s_g import score_trace
+from mmoa.pipelines.scoring import rouge_l as _rouge_l
+from mmoa.pipelines.scoring import support_precision as _support_precision
+from mmoa.pipelines.scoring import support_recall as _support_recall
+from mmoa.pipelines.search_agent import score_search_trajectory
 from mmoa.precision import autocast, check_precision_name, device_type_of, resolve_precision
 
-if TYPE_CHECKING:
-    from mmoa.agents.pipeline import Trace
+# Each pipeline's rows are written by its own module (mmoa.pipelines); these names are where
+# tests and scripts have always imported them from.
+__all__ = ["DECISION_AGENT_MODE", "DECISION_POLICIES", "EVAL_MODES", "METRICS_FILE",
+           "PREDICTIONS_FILE", "SEARCH_AGENT_MODE", "EvalConfig", "_rouge_l",
+           "_support_precision", "_support_recall", "check_server_limits", "evaluate",
+           "format_table", "load_metrics", "load_records", "score_decision_trajectory",
+           "score_search_trajectory", "score_trace", "scoring_label", "scoring_legend",
+           "standard_error", "summarize"]
 
-#: The search agent's evaluation mode, beside the three-agent pipeline's ``MODES``.
+#: The search agent's evaluation mode, beside the three-agent pipeline's modes.
 SEARCH_AGENT_MODE = "search_agent"
 #: The decision agent's evaluation mode (SmartRAG: answer or search, with a retrieval rate).
 DECISION_AGENT_MODE = "decision_agent"
-EVAL_MODES: tuple[str, ...] = (*MODES, SEARCH_AGENT_MODE, DECISION_AGENT_MODE)
+#: Every registered pipeline's evaluation modes (:func:`mmoa.pipelines.eval_modes`).
+EVAL_MODES: tuple[str, ...] = eval_modes()
 #: ``decision_policy``: the policy decides, or one of the two baselines.
 DECISION_POLICIES: tuple[str, ...] = ("model", "always", "never")
 PREDICTIONS_FILE = "predictions.jsonl"
@@ -116,8 +131,7 @@ class EvalConfig:
     seed: int = 0
 
     def validate(self) -> None:
-        if self.mode not in EVAL_MODES:
-            raise ValueError(f"mode must be one of {', '.join(EVAL_MODES)}, got {self.mode!r}")
+        pipeline_for_mode(self.mode)  # "mode must be one of ...": the registered modes
         check_precision_name(self.precision)
         get_profile(self.scoring)
         if self.ambigqa_answers not in AMBIGQA_ANSWER_SETS:
@@ -150,22 +164,14 @@ class EvalConfig:
 
     @property
     def retrieval_k(self) -> tuple[str, int] | None:
-        """``(option, documents per query)`` of the mode's retrievals; ``None``: none."""
-        if not self.needs_retriever:
-            return None
-        if self.mode == DECISION_AGENT_MODE:
-            return "decision_top_k", self.decision_top_k
-        if self.mode == SEARCH_AGENT_MODE:
-            return "search_top_k", self.search_top_k
-        return "k", self.k
+        """``(option, documents per query)`` of the mode's retrievals; ``None``: none (the
+        mode's pipeline says)."""
+        return pipeline_for_mode(self.mode).eval_retrieval_k(self)
 
     @property
     def needs_retriever(self) -> bool:
         """Whether the run sends queries (closed-book runs need no server)."""
-        if self.mode == DECISION_AGENT_MODE:
-            return self.decision_policy == "always" or (
-                self.decision_policy == "model" and self.decision_max_searches > 0)
-        return self.mode != "g"
+        return self.retrieval_k is not None
 
 
 def load_records(config: EvalConfig) -> list[QARecord]:
@@ -174,111 +180,11 @@ def load_records(config: EvalConfig) -> list[QARecord]:
                                 ambigqa_answers=config.ambigqa_answers)
 
 
-@functools.lru_cache(maxsize=1)
-def _rouge_scorer() -> Any:
-    from rouge_score import rouge_scorer
-
-    return rouge_scorer.RougeScorer(["rougeL"])
-
-
-def _rouge_l(prediction: str, golds: Sequence[str]) -> float:
-    return max(_rouge_scorer().score(g, prediction)["rougeL"].fmeasure for g in golds)
-
-
-def _support_recall(record: QARecord, trace: Trace, selected_only: bool) -> float | None:
-    """Share of the gold supporting passages among the candidates (or the selected ones);
-    ``None`` when the record names none. Matched by id, else by title (:class:`GoldSupport`)."""
-    support = GoldSupport.of(record)
-    if support is None:
-        return None
-    indices = trace.selected if selected_only else range(len(trace.candidates))
-    return support.recall([trace.candidates[i] for i in indices])
-
-
-def _support_precision(record: QARecord, trace: Trace) -> float | None:
-    """Share of the selected passages that are gold supporting passages (``None`` for an empty
-    selection or a record without supporting passages)."""
-    support = GoldSupport.of(record)
-    if support is None:
-        return None
-    return support.precision([trace.candidates[i] for i in trace.selected])
-
-
 def standard_error(values: Sequence[float]) -> float | None:
     """Standard error of the mean, ``stdev / sqrt(n)`` (``None`` for fewer than 2 values)."""
     if len(values) < 2:
         return None
     return stdev(values) / math.sqrt(len(values))
-
-
-def score_trace(record: QARecord, trace: Trace, mode: str,
-                scoring: str = DEFAULT_PROFILE) -> dict[str, Any]:
-    """One line of ``predictions.jsonl``: the trace, the gold answers and the scores under the
-    scoring profile ``scoring``."""
-    scores = score_answer(trace.answer, record.answers, profile=scoring)
-    row = {"id": record.id, **trace.to_dict(), "answers": record.answers, "type": record.type}
-    if record.group is not None:
-        row["group"] = record.group
-    row["scores"] = {**scores.as_dict(), "rouge_l": _rouge_l(trace.answer, record.answers)}
-    agents = MODE_AGENTS[mode]
-    stats: dict[str, Any] = {}
-    if "qr" in agents and trace.qr_parse is not None:
-        stats["qr"] = {"num_subquestions": len(trace.subquestions),
-                       "well_formed": trace.qr_parse.well_formed}
-    if mode != "g":
-        stats["retrieval"] = {"support_recall": _support_recall(record, trace, False)}
-    if "selector" in agents and trace.selection_parse is not None:
-        stats["selector"] = {"num_selected": len(trace.selected),
-                             "well_formed": trace.selection_parse.well_formed,
-                             "support_recall": _support_recall(record, trace, True),
-                             "support_precision": _support_precision(record, trace)}
-    if trace.answer_parse is not None:
-        stats["generator"] = {"answer_words": trace.answer_parse.answer_words,
-                              "well_formed": trace.answer_parse.well_formed}
-    row["agent_stats"] = stats
-    return row
-
-
-def score_search_trajectory(record: QARecord, trajectory: Any,
-                            scoring: str = DEFAULT_PROFILE) -> dict[str, Any]:
-    """One line of ``predictions.jsonl`` for the search agent: the trajectory (its turns,
-    queries, stop reason), the scores, and the statistics the table shows."""
-    from mmoa.data.support import GoldSupport
-
-    scores = score_answer(trajectory.answer, record.answers, profile=scoring)
-    row = {"id": record.id, **trajectory.to_dict(), "answers": record.answers,
-           "type": record.type}
-    if record.group is not None:
-        row["group"] = record.group
-    row["scores"] = {**scores.as_dict(), "rouge_l": _rouge_l(trajectory.answer, record.answers)}
-    support = GoldSupport.of(record)
-    recall = None
-    if support is not None:
-        retrieved = getattr(trajectory, "retrieved_passages", [])
-        recall = support.recall(retrieved) if retrieved else 0.0
-    row["agent_stats"] = {"search": {
-        "turns": len(trajectory.turns), "searches": trajectory.num_searches,
-        "queries": trajectory.num_queries, "retrieved_tokens": trajectory.retrieved_tokens,
-        "seconds": trajectory.seconds, "well_formed": trajectory.well_formed,
-        "forced": trajectory.stop_reason is not None
-        and trajectory.stop_reason.value == "forced_answer"},
-        "retrieval": {"support_recall": recall}}
-    return row
-
-
-def score_decision_trajectory(record: QARecord, trajectory: Any,
-                              scoring: str = DEFAULT_PROFILE) -> dict[str, Any]:
-    """One line of ``predictions.jsonl`` for the decision agent: the trajectory (its turns and
-    stop reason), the record's group, the scores and the decision statistics."""
-    from mmoa.agents.decision_agent import trajectory_summary
-
-    scores = score_answer(trajectory.answer, record.answers, profile=scoring)
-    row = {"id": record.id, **trajectory.to_dict(), "answers": record.answers,
-           "type": record.type, "group": record.group}
-    row["scores"] = {**scores.as_dict(), "rouge_l": _rouge_l(trajectory.answer, record.answers)}
-    row["agent_stats"] = {"decision": {**trajectory_summary(trajectory),
-                                       "seconds": trajectory.seconds}}
-    return row
 
 
 def _group_metrics(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -374,7 +280,8 @@ def check_server_limits(config: EvalConfig, health: dict[str, Any]) -> None:
 
 
 def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
-    """Runs the pipeline over the dataset and writes ``predictions.jsonl`` and ``metrics.json``."""
+    """Runs the pipeline of ``config.mode`` (:func:`mmoa.pipelines.pipeline_for_mode`) over the
+    dataset and writes ``predictions.jsonl`` and ``metrics.json``."""
     from tqdm.auto import tqdm
 
     from mmoa.modeling import load_for_inference
@@ -390,7 +297,7 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
     model, tokenizer = load_for_inference(
         config.model_name_or_path, config.template, config.adapter_name_or_path
     )
-    from mmoa.agents.pipeline import GenerationSettings, RagPipeline
+    from mmoa.agents.pipeline import GenerationSettings
 
     settings = GenerationSettings(
         do_sample=config.do_sample, temperature=config.temperature, top_p=config.top_p,
@@ -401,54 +308,25 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
         from transformers import set_seed
 
         set_seed(config.seed)
-    pipeline: Any
-    if config.mode == DECISION_AGENT_MODE:
-        from mmoa.agents.decision_agent import DecisionAgentPipeline
-
-        pipeline = DecisionAgentPipeline(
-            model, tokenizer, config.template, retriever,
-            max_searches=config.decision_max_searches, top_k=config.decision_top_k,
-            max_new_tokens=config.max_new_tokens_decision, policy=config.decision_policy,
-            settings=settings)
-    elif config.mode == SEARCH_AGENT_MODE:
-        from mmoa.agents.search_agent import SearchAgentPipeline
-
-        pipeline = SearchAgentPipeline(
-            model, tokenizer, config.template, retriever, max_turns=config.search_max_turns,
-            max_queries=config.search_max_queries, top_k=config.search_top_k,
-            max_new_tokens=config.max_new_tokens_search, settings=settings)
-    else:
-        pipeline = RagPipeline(model, tokenizer, config.template, retriever, mode=config.mode,
-                               k=config.k, settings=settings)
+    pipeline = pipeline_for_mode(config.mode)
+    run = pipeline.evaluator(model, tokenizer, retriever, settings, config)
     precision = resolve_precision(config.precision)
     device_type = device_type_of(model)
     rows: list[dict[str, Any]] = []
     timings: dict[str, float] = {}
     start = time.perf_counter()
     batches = range(0, len(records), config.batch_size)
-    label = config.mode if config.mode != DECISION_AGENT_MODE \
-        else f"{config.mode} ({config.decision_policy})"
+    label = pipeline.eval_label(config)
     for offset in tqdm(batches, desc=f"evaluate {label}", unit="batch", disable=not progress):
         batch = records[offset: offset + config.batch_size]
         with autocast(precision, device_type):
-            traces = pipeline.run([r.question for r in batch])
-        last = pipeline.last_timings
-        for key, seconds in (last if isinstance(last, dict) else last.as_dict()).items():
+            result = run([r.question for r in batch])
+        for key, seconds in result.timings.as_dict().items():
             timings[key] = timings.get(key, 0.0) + seconds
-        if config.mode == DECISION_AGENT_MODE:
-            rows.extend(score_decision_trajectory(record, trajectory, config.scoring)
-                        for record, trajectory in zip(batch, traces, strict=True))
-        elif config.mode == SEARCH_AGENT_MODE:
-            rows.extend(score_search_trajectory(record, trajectory, config.scoring)
-                        for record, trajectory in zip(batch, traces, strict=True))
-        else:
-            rows.extend(
-                score_trace(record, trace, config.mode, config.scoring)
-                for record, trace in zip(batch, traces, strict=True)
-            )
+        rows.extend(pipeline.eval_row(record, trace, config)
+                    for record, trace in zip(batch, result.traces, strict=True))
     metrics = summarize(rows, config.mode)
-    if config.mode == DECISION_AGENT_MODE:
-        metrics["decision_policy"] = config.decision_policy
+    metrics.update(pipeline.eval_metrics(config))
     metrics["scoring"] = get_profile(config.scoring).as_dict()
     total = time.perf_counter() - start
     metrics["seconds"] = {"total": total, **timings}

@@ -312,12 +312,10 @@ def retriever_problem(config: Mapping[str, Any], root: Path | None = None) -> Pr
         RetrieverRequestError,
         RetrieverUnavailableError,
     )
-    from mmoa.train.mappo.args import split_mappo_args
 
     try:
-        args, _ = split_mappo_args(dict(config))
-        client = RetrievalClient(args.mappo_retriever_url, token=args.mappo_retriever_token,
-                                 timeout=min(args.mappo_retriever_timeout, 5.0), retries=0)
+        url, token, timeout = _retriever_keys(config)
+        client = RetrievalClient(url, token=token, timeout=min(timeout, 5.0), retries=0)
         client.health()
     except (ValueError, TypeError, RetrieverRequestError):
         return None  # bad MAPPO keys or a server that answers: the workflow says what is wrong
@@ -325,6 +323,27 @@ def retriever_problem(config: Mapping[str, Any], root: Path | None = None) -> Pr
         return Problem(f"mappo_retriever_url: no retrieval server answers at {client.url}",
                        server_hint(client.url, str(config.get("dataset_dir") or "data"), root))
     return None
+
+
+def _retriever_keys(config: Mapping[str, Any]) -> tuple[str, str | None, float]:
+    """``(url, token, timeout)`` of a ``mappo`` config, typed as the stage reads them.
+
+    Only these three keys are read (not the whole ``MappoArguments`` of the training layer,
+    which this module sits below): a bad value of one of them is a ``ValueError`` and the probe
+    is left to the workflow, which names the key."""
+    from math import isfinite
+
+    from mmoa.config_values import typed_value
+    from mmoa.retrieval.client import DEFAULT_URL
+
+    url = typed_value("mappo_retriever_url", config.get("mappo_retriever_url", DEFAULT_URL), str)
+    token = typed_value("mappo_retriever_token", config.get("mappo_retriever_token"),
+                        str | None)
+    timeout = typed_value("mappo_retriever_timeout", config.get("mappo_retriever_timeout", 5.0),
+                          float)
+    if not (isfinite(timeout) and timeout > 0):
+        raise ValueError(f"mappo_retriever_timeout must be a finite number > 0, got {timeout}")
+    return url, token, timeout
 
 
 def server_hint(url: str, dataset_dir: str, root: Path | None) -> str:

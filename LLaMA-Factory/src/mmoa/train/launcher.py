@@ -15,52 +15,20 @@ clears build locks that an interrupted op build left (:mod:`mmoa.train.extension
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
+
+# read_train_config and TrainConfigError live below the stages (joint MAPPO reads a second
+# config); imported here too, where the command line and the web UI have always found them
+from mmoa.train.config_file import TrainConfigError, read_train_config
 
 MAPPO_STAGE = "mappo"
 #: The query encoder's RL stage (HARR; ``mmoa.train.retriever_rl``): one process, our own loop.
 RETRIEVER_RL_STAGE = "retriever_rl"
-
-
-class TrainConfigError(ValueError):
-    """The config file or an override cannot be read."""
-
-
-def read_train_config(argv: Sequence[str]) -> dict[str, Any]:
-    """The merged config (file + ``key=value`` overrides) exactly as LLaMA-Factory reads it."""
-    from omegaconf import OmegaConf
-
-    if not argv:
-        raise TrainConfigError("usage: mmoa-cli train CONFIG.yaml [key=value ...]")
-    path = Path(argv[0])
-    if path.suffix not in (".yaml", ".yml", ".json"):
-        raise TrainConfigError(f"{path}: expected a .yaml, .yml or .json config file")
-    if not path.is_file():
-        raise TrainConfigError(f"{path}: config file not found")
-    for override in argv[1:]:
-        if "=" not in override:  # OmegaConf reads a bare "key" as key: null, a crash later
-            raise TrainConfigError(f"override {override!r}: expected key=value")
-    try:
-        if path.suffix == ".json":
-            base = OmegaConf.create(json.loads(path.read_text(encoding="utf-8")))
-        else:
-            base = OmegaConf.load(path.absolute())
-        overrides = OmegaConf.from_cli(list(argv[1:]))
-        merged = OmegaConf.to_container(OmegaConf.merge(base, overrides))
-    except Exception as err:  # OmegaConf raises several unrelated types
-        # one line: YAML errors span several ("while parsing ...\n  in file, line 2, ...")
-        detail = "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
-        raise TrainConfigError(f"{path}: cannot read the config ({detail})") from err
-    if not isinstance(merged, dict):
-        raise TrainConfigError(f"{path}: the config must be a mapping of keys to values")
-    return merged
 
 
 def run_train(argv: Sequence[str]) -> int:

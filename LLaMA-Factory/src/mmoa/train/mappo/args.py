@@ -30,19 +30,19 @@ then not used, and the ``mappo_grpo_*`` keys and ``mappo_kl_loss_coef`` are.
 from __future__ import annotations
 
 import math
-import types
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from mmoa import defaults
 from mmoa.agents.prompts import AGENTS
+from mmoa.config_values import typed_fields, typed_value
+from mmoa.pipelines import Pipeline, get_pipeline, pipeline_names
+from mmoa.retrieval.client import DEFAULT_URL
 from mmoa.train.mappo.algorithms import Algorithm, algorithm_names, get_algorithm
 from mmoa.train.mappo.ppo_math import GROUP_NORMALISATIONS, LOSS_AVERAGING
 
 PREFIX = "mappo_"
-#: ``mappo_pipeline``: the three-agent pipeline (MMOA-RAG) or the multi-turn search agent.
-PIPELINES: tuple[str, ...] = ("qr_s_g", "search_agent", "decision_agent")
 #: Other names of a pipeline, read as the pipeline (SmartRAG's name for the decision agent).
 PIPELINE_ALIASES = {"smart_rag": "decision_agent", "smartrag": "decision_agent"}
 #: Keys read as another key of ours (the issue that asked for the search agent named it so).
@@ -57,7 +57,7 @@ class MappoArguments:
 
     # retrieval
     mappo_retriever_url: str = field(
-        default="http://127.0.0.1:8000", metadata={"help": "URL of the retrieval server."}
+        default=DEFAULT_URL, metadata={"help": "URL of the retrieval server."}
     )
     mappo_retriever_token: str | None = field(default=None, metadata={"help": "Bearer token."})
     mappo_retriever_timeout: float = field(default=60.0, metadata={"help": "Seconds per call."})
@@ -261,7 +261,7 @@ class MappoArguments:
 
         self.mappo_pipeline = PIPELINE_ALIASES.get(self.mappo_pipeline, self.mappo_pipeline)
         get_profile(self.mappo_scoring)  # an unknown name fails here, before any model loads
-        for name, choices in (("mappo_pipeline", PIPELINES),
+        for name, choices in (("mappo_pipeline", pipeline_names()),
                               ("mappo_algorithm", algorithm_names()),
                               ("mappo_decision_answer_reward", DECISION_ANSWER_REWARDS),
                               ("mappo_grpo_normalise", GROUP_NORMALISATIONS),
@@ -365,6 +365,12 @@ class MappoArguments:
         return self.algorithm.group_filter(self.mappo_grpo_filter)
 
     @property
+    def pipeline(self) -> Pipeline:
+        """The registered pipeline ``mappo_pipeline`` names: what the trainer rolls out and how
+        its traces become samples."""
+        return get_pipeline(self.mappo_pipeline)
+
+    @property
     def is_search_agent(self) -> bool:
         return self.mappo_pipeline == "search_agent"
 
@@ -411,72 +417,7 @@ def split_mappo_args(config: dict[str, Any]) -> tuple[MappoArguments, dict[str, 
         )
     rest = {k: v for k, v in config.items() if not k.startswith(PREFIX)}
     hints = typing.get_type_hints(MappoArguments)
-    return MappoArguments(**{k: _typed(k, v, hints[k]) for k, v in ours.items()}), rest
-
-
-_TRUE = ("true", "yes", "y", "t", "1")
-_FALSE = ("false", "no", "n", "f", "0")
-
-
-def _typed(name: str, value: Any, hint: Any, bool_strings: bool = True) -> Any:
-    """``value`` as the field's type, read as LLaMA-Factory reads its own keys (numbers and
-    true/false given as strings are accepted); anything else is a ``ValueError`` naming the key.
-    ``bool_strings=False`` (the ``retriever_rl`` stage) refuses strings for a boolean too: only
-    YAML's unquoted ``true`` / ``false`` are booleans there.
-
-    Without this a wrong type passed the dataclass untouched: ``mappo_top_k: ten`` failed with
-    a bare ``TypeError`` traceback, and ``mappo_adaptive_kl: maybe`` (a non-empty string) was
-    silently true."""
-    args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    if value is None and type(None) in args:
-        return None
-    kind = next(a for a in args if a is not type(None))
-    try:
-        if kind is bool:
-            if isinstance(value, bool):
-                return value
-            if bool_strings and isinstance(value, str) \
-                    and value.strip().lower() in _TRUE + _FALSE:
-                return value.strip().lower() in _TRUE
-        elif kind is int and not isinstance(value, bool | float):
-            return int(value)
-        elif kind is float and not isinstance(value, bool):
-            return float(value)
-        elif kind is str and isinstance(value, str | int | float) \
-                and not isinstance(value, bool):
-            return str(value)
-    except (ValueError, TypeError):  # TypeError: int(None) for a key given as null
-        pass
-    expected = {bool: "true or false", int: "an integer", float: "a number",
-                str: "a string"}[kind]
-    if kind is bool and not bool_strings and isinstance(value, str):
-        expected += " (unquoted: a quoted string is not a boolean)"
-    raise ValueError(f"{name} must be {expected}, got {value!r}")
-
-
-def typed_fields(cls: Any, config: dict[str, Any], bool_strings: bool = True,
-                 keep_none: bool = False,
-                 kinds: tuple[type, ...] = (bool, int, float, str)) -> dict[str, Any]:
-    """``config`` with the value of each of ``cls``'s dataclass fields of a plain type (one of
-    ``kinds``, or one of them or None) read by :func:`_typed`; other keys and fields of other
-    types unchanged. ``keep_none``: a ``None`` stays ``None`` whatever the type (leaves it to
-    the dataclass, as for LLaMA-Factory's keys)."""
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:  # a forward reference that does not resolve here: check nothing
-        return dict(config)
-    out = dict(config)
-    for name, value in config.items():
-        hint = hints.get(name)
-        if hint is None or (keep_none and value is None):
-            continue
-        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-        args = typing.get_args(hint) if union else (hint,)
-        plain = [a for a in args if a is not type(None)]
-        if len(plain) == 1 and plain[0] in kinds:
-            out[name] = _typed(name, value, plain[0] | None if len(args) > 1 else plain[0],
-                               bool_strings)
-    return out
+    return MappoArguments(**{k: typed_value(k, v, hints[k]) for k, v in ours.items()}), rest
 
 
 def typed_llamafactory_keys(config: dict[str, Any]) -> dict[str, Any]:

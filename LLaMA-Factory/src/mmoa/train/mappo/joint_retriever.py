@@ -51,7 +51,7 @@ def retriever_arguments(config_path: str, *, output_dir: str, model_name_or_path
                         max_steps: int) -> Any:
     """The ``retriever_rl`` arguments of the joint run: the named config, with the keys the
     MAPPO run decides filled in from it."""
-    from mmoa.train.launcher import read_train_config
+    from mmoa.train.config_file import read_train_config
     from mmoa.train.retriever_rl.args import parse_retriever_rl_args
 
     config = read_train_config([config_path])

@@ -10,11 +10,12 @@ with the trl it installs):
               -> rewards (shared answer F1 + per-agent penalties)
               -> PPO update of the shared policy and value head on the pooled agent samples
 
-With ``mappo_pipeline: search_agent`` the rollout is the multi-turn search agent instead and
-each trajectory is one sample whose retrieved tokens are masked out of the update
-(:mod:`mmoa.train.mappo.search_rollout`); everything else below holds for it too. The same goes
-for ``mappo_pipeline: decision_agent``, the retrieve-or-answer agent of SmartRAG
-(:mod:`mmoa.train.mappo.decision_rollout`).
+``mappo_pipeline`` names a registered pipeline (:mod:`mmoa.pipelines`) that does the first two
+lines: its rollout and how its traces become samples. The paper's three agents are
+:mod:`mmoa.pipelines.qr_s_g`; with ``search_agent`` (:mod:`mmoa.pipelines.search_agent`) or
+``decision_agent`` (SmartRAG, :mod:`mmoa.pipelines.decision_agent`) each multi-turn trajectory
+is one sample whose retrieved tokens are masked out of the update; everything else below holds
+for every pipeline.
 
 ``mappo_algorithm`` names a registered algorithm (:mod:`mmoa.train.mappo.algorithms`), whose
 properties decide what happens here, never its name: under a grouped one (``grpo``, ...) each
@@ -48,7 +49,6 @@ import shutil
 import signal
 import time
 import warnings
-from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,11 +57,11 @@ import numpy as np
 import torch
 from transformers import Trainer
 
-from mmoa.agents.pipeline import GenerationSettings, RagPipeline, Trace
 from mmoa.agents.render import PromptRenderer
 from mmoa.data.records import QARecord
 from mmoa.fileio import atomic_dir, atomic_write_json
-from mmoa.train.mappo.agent_stats import DRIFT_FLAGS_KEY, DriftMonitor, step_agent_stats
+from mmoa.pipelines import Timings
+from mmoa.train.mappo.agent_stats import DRIFT_FLAGS_KEY, DriftMonitor
 from mmoa.train.mappo.args import MappoArguments
 from mmoa.train.mappo.checkpoint_files import (
     CHECKPOINT_PREFIX,
@@ -69,7 +69,6 @@ from mmoa.train.mappo.checkpoint_files import (
     rotate_checkpoints,
     write_manifest,
 )
-from mmoa.train.mappo.grpo import PipelineOutcome, group_samples
 from mmoa.train.mappo.learner import (
     PolicyWithValue,
     PPOConfig,
@@ -79,8 +78,8 @@ from mmoa.train.mappo.learner import (
     rollout_diagnostics,
 )
 from mmoa.train.mappo.log import in_web_ui, mappo_logger, step_summary
-from mmoa.train.mappo.rewards import PenaltyConfig, compute_agent_rewards
 from mmoa.train.mappo.samples import Sample
+from mmoa.train.stop import StopRequest
 
 if TYPE_CHECKING:
     from mmoa.agents.pipeline import DocumentRetriever
@@ -110,21 +109,6 @@ class TrainingInterrupted(TrainingStopped):
         self.exit_code = 128 + signum
 
 
-class StopRequest:
-    """The SIGINT/SIGTERM handler: the first signal asks the loop to stop after the current
-    step (with a checkpoint); a second one ends the process at once, as it would unhandled."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-
-    def __call__(self, signum: int, _frame: Any) -> None:
-        if self.signum is not None:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        self.signum = signum
-
-
 class MappoTrainer(Trainer):
     """Jointly optimises the agents named in ``mappo_args.mappo_agents``."""
 
@@ -149,14 +133,6 @@ class MappoTrainer(Trainer):
         self.retriever = retriever
         self.mappo_args = mappo_args
         self.renderer = PromptRenderer(tokenizer, template)
-        self.penalties = PenaltyConfig(
-            qr_penalty=mappo_args.mappo_qr_penalty,
-            qr_max_subquestions=mappo_args.mappo_qr_max_subquestions,
-            qr_max_chars=mappo_args.mappo_qr_max_chars,
-            selector_penalty=mappo_args.mappo_selector_penalty,
-            generator_penalty=mappo_args.mappo_generator_penalty,
-            generator_max_words=mappo_args.mappo_generator_max_words,
-        )
         self.questions_per_step = mappo_args.mappo_questions_per_rollout or max(
             1, args.per_device_train_batch_size * args.gradient_accumulation_steps
             // mappo_args.rollouts_per_question)
@@ -238,10 +214,10 @@ class MappoTrainer(Trainer):
 
     # -- rollout and rewards -------------------------------------------------------------------
 
-    def rollout(self, records: Sequence[QARecord]) -> tuple[list[Any], dict[str, float]]:
-        """The step's traces (:class:`Trace`, or ``SearchTrajectory`` under ``mappo_pipeline:
-        search_agent``), ``rollouts_per_question`` per record (a record's next to each other),
-        and the seconds spent per stage."""
+    def rollout(self, records: Sequence[QARecord]) -> tuple[list[Any], Timings]:
+        """The step's traces (:class:`~mmoa.agents.pipeline.Trace`, or ``SearchTrajectory``
+        under the multi-turn pipelines), ``rollouts_per_question`` per record (a record's next
+        to each other), and the seconds spent per stage."""
         # Under ZeRO-3 every process holds a slice of the weights: generation runs on the
         # gathered full weights (trl's helper), as in trl's own online trainers.
         from trl.models.utils import unwrap_model_for_generation
@@ -249,105 +225,19 @@ class MappoTrainer(Trainer):
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as unwrapped:
             return self._rollout(unwrapped.policy, records)
 
-    def _rollout(self, policy: Any, records: Sequence[QARecord]
-                 ) -> tuple[list[Any], dict[str, float]]:
+    def _rollout(self, policy: Any, records: Sequence[QARecord]) -> tuple[list[Any], Timings]:
         policy.eval()
-        if self.mappo_args.is_decision_agent:
-            from mmoa.train.mappo.decision_rollout import decision_pipeline
+        batch = self.mappo_args.pipeline.rollout(
+            policy, self.processing_class, self.renderer, self.retriever, self.mappo_args,
+            [r.question for r in records])
+        return batch.traces, batch.timings
 
-            # one retrieval call per decision round for every trajectory that searched
-            decider = decision_pipeline(policy, self.processing_class, self.renderer,
-                                        self.retriever, self.mappo_args)
-            trajectories = decider.run([r.question for r in records],
-                                       group_size=self.mappo_args.rollouts_per_question)
-            return trajectories, decider.last_timings
-        if self.mappo_args.is_search_agent:
-            from mmoa.train.mappo.search_rollout import search_pipeline
-
-            # one growing response per trajectory; one retrieval call per search round for
-            # every query of the step's trajectories
-            searcher = search_pipeline(policy, self.processing_class, self.renderer,
-                                       self.retriever, self.mappo_args)
-            trajectories = searcher.run([r.question for r in records],
-                                        group_size=self.mappo_args.rollouts_per_question)
-            return trajectories, searcher.last_timings
-        settings = GenerationSettings(
-            do_sample=True,
-            temperature=self.mappo_args.mappo_temperature,
-            top_p=self.mappo_args.mappo_top_p,
-            max_new_tokens=self.mappo_args.max_new_tokens(),
-            constrained_selector=self.mappo_args.mappo_constrained_selector,
-            record_logprobs=self.mappo_args.mappo_log_behaviour_ratio,
-            max_subquestions=self.mappo_args.mappo_qr_max_subquestions,
-        )
-        # One run for the whole step: generate calls of at most mappo_rollout_batch_size
-        # pipelines each, and ONE retrieval call for every sub-question of the step.
-        pipeline = RagPipeline(policy, self.processing_class, self.renderer, self.retriever,
-                               mode="qr_s_g", k=self.mappo_args.mappo_top_k, settings=settings,
-                               batch_size=self.mappo_args.mappo_rollout_batch_size)
-        traces = pipeline.run([r.question for r in records],
-                              group_size=self.mappo_args.rollouts_per_question)
-        return traces, pipeline.last_timings.as_dict()
-
-    def make_samples(self, records: Sequence[QARecord], traces: Sequence[Trace]
+    def make_samples(self, records: Sequence[QARecord], traces: Sequence[Any]
                      ) -> tuple[list[Sample], dict[str, float]]:
-        """Scores every trace and makes one sample per optimised agent and trace: under ppo
-        with its score (GAE turns it into advantages), under a grouped algorithm (grpo, ...)
-        with its group advantage."""
-        if self.mappo_args.is_decision_agent:
-            from mmoa.train.mappo.decision_rollout import decision_samples
-
-            return decision_samples(records, traces, self.mappo_args)  # type: ignore[arg-type]
-        if self.mappo_args.is_search_agent:
-            from mmoa.train.mappo.search_rollout import search_samples
-
-            return search_samples(records, traces, self.mappo_args)  # type: ignore[arg-type]
-        samples: list[Sample] = []
-        outcomes: list[PipelineOutcome] = []
-        logs: dict[str, list[float]] = defaultdict(list)
-        copies = self.mappo_args.rollouts_per_question
-        repeated = [record for record in records for _ in range(copies)]
-        agents = self.mappo_args.optimized_agents
-        grouped = self.mappo_args.algorithm.grouped
-        for record, trace in zip(repeated, traces, strict=True):
-            if trace.qr_parse is None or trace.selection_parse is None \
-                    or trace.answer_parse is None:
-                raise RuntimeError(f"the qr_s_g rollout of {record.id!r} has an agent without a "
-                                   "parsed output")
-            rewards = compute_agent_rewards(
-                trace.qr_parse, trace.selection_parse, trace.answer_parse, trace.answer,
-                record.answers, config=self.penalties,
-                metric=self.mappo_args.mappo_reward_metric,
-                scoring=self.mappo_args.mappo_scoring)
-            logs["answer_f1"].append(rewards.shared)
-            for agent in ("qr", "selector", "generator"):
-                logs[f"penalty_rate/{agent}"].append(float(rewards.penalties[agent].fired))
-                logs[f"reward/{agent}"].append(rewards.totals[agent])
-                logs[f"response_length/{agent}"].append(len(trace.calls[agent].response_ids))
-            logs["num_subquestions"].append(len(trace.subquestions))
-            logs["num_selected"].append(len(trace.selected))
-            if grouped:
-                outcomes.append(PipelineOutcome(
-                    calls={a: (trace.calls[a].prompt_ids, trace.calls[a].response_ids,
-                               trace.calls[a].sampling_logprobs) for a in agents},
-                    shared=rewards.shared,
-                    penalties={a: rewards.penalty(a) for a in agents}))
-                continue
-            for agent in agents:
-                call = trace.calls[agent]
-                samples.append(Sample(agent, call.prompt_ids, call.response_ids,
-                                      rewards.totals[agent], call.sampling_logprobs))
-        summary = {k: float(np.mean(v)) for k, v in logs.items()}
-        # gold recall / precision of the selection, candidate recall, answer words
-        summary.update(step_agent_stats(repeated, traces))
-        if grouped:
-            samples, group_logs = group_samples(
-                outcomes, copies, agents, self.mappo_args.group_advantage,
-                self.mappo_args.group_filter)
-            summary.update(group_logs)
-        # the mean score of every optimised agent's call, kept or filtered alike
-        summary["reward"] = float(np.mean([logs[f"reward/{a}"] for a in agents]))
-        return samples, summary
+        """Scores every trace and makes the step's samples, as the pipeline says
+        (:meth:`mmoa.pipelines.base.Pipeline.samples`): under ppo with their scores (GAE turns
+        them into advantages), under a grouped algorithm (grpo, ...) with group advantages."""
+        return self.mappo_args.pipeline.samples(records, traces, self.mappo_args)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -579,14 +469,13 @@ class MappoTrainer(Trainer):
             self.lr_scheduler.step()
 
     @staticmethod
-    def _time_logs(timings: dict[str, float], t0: float, t1: float, t2: float, t3: float
+    def _time_logs(timings: Timings, t0: float, t1: float, t2: float, t3: float
                    ) -> dict[str, float]:
         """Seconds of the step: rollout ``t0..t1`` (generate and retrieve within it), scoring
         ``t1..t2``, update ``t2..t3``."""
         return {
-            "time/generate": sum(timings.get(k, 0.0)
-                                 for k in ("qr", "selector", "generator", "generate")),
-            "time/retrieve": timings.get("retrieve", 0.0),
+            "time/generate": timings.generate,
+            "time/retrieve": timings.retrieve,
             "time/score": t2 - t1,
             "time/update": t3 - t2,
             "time/rollout": t1 - t0,

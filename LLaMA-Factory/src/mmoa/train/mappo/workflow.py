@@ -11,12 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mmoa.data.loaders import load_qa
-from mmoa.data.records import QARecord
-from mmoa.data.registry import resolve_dataset
 from mmoa.fileio import atomic_write_text
 from mmoa.train.mappo.args import MappoArguments, split_mappo_args, typed_llamafactory_keys
 from mmoa.train.mappo.log import in_web_ui, mappo_logger
+from mmoa.train.prompt_set import load_mappo_records
 
 PLOT_KEYS = ["loss", "reward", "answer_f1", "kl", "kl_coef", "value_loss"]
 #: GRPO has no value head and no adaptive KL coefficient; it logs its groups instead.
@@ -34,22 +32,6 @@ def plot_keys(algorithm: Any) -> list[str]:
 
 #: LLaMA-Factory's per-step log (``extras.constants.TRAINER_LOG``), which the web UI reads.
 TRAINER_LOG_FILE = "trainer_log.jsonl"
-
-
-def load_mappo_records(dataset: str, dataset_dir: str, max_samples: int | None) -> list[QARecord]:
-    """The prompt set, resolved through ``dataset_info.json``; every record needs answers."""
-    records: list[QARecord] = []
-    for name in [n.strip() for n in dataset.split(",") if n.strip()]:
-        path, fmt = resolve_dataset(name, dataset_dir)
-        loaded = load_qa(path, fmt, max_samples=max_samples)
-        without = [r.id for r in loaded if not r.answers]
-        if without:
-            raise ValueError(f"dataset {name!r} ({path}): {len(without)} questions have no gold "
-                             f"answers (e.g. {without[0]!r}); MAPPO rewards need them")
-        records.extend(loaded)
-    if not records:
-        raise ValueError(f"dataset {dataset!r} has no questions")
-    return records
 
 
 def check_training_setup(model_args: Any, training_args: Any, finetuning_args: Any) -> None:
@@ -128,8 +110,7 @@ def check_server_k(mappo_args: MappoArguments, health: dict[str, Any], url: str)
     max_k = limits.get("max_k") if isinstance(limits, dict) else None
     if not isinstance(max_k, int) or isinstance(max_k, bool):
         return
-    name = ("mappo_search_top_k" if mappo_args.is_search_agent else "mappo_decision_top_k"
-            if mappo_args.is_decision_agent else "mappo_top_k")
+    name = mappo_args.pipeline.retrieval_k_key
     value = getattr(mappo_args, name)
     if value > max_k:
         raise ValueError(f"{name} = {value} exceeds the retrieval server's max_k ({max_k}) at "
@@ -181,7 +162,7 @@ def run_mappo(config: dict[str, Any], callbacks: list[Any] | None = None) -> Non
         trainer.state.save_to_json(str(output / "trainer_state.json"))
         if finetuning_args.plot_loss:
             save_training_plots(output, plot_keys(trainer.mappo_args.algorithm))
-            if trainer.mappo_args.mappo_pipeline == "qr_s_g":
+            if trainer.mappo_args.pipeline.agent_plot:
                 save_agent_plot(output)  # training_agents.png: one panel per agent statistic
 
 
@@ -265,7 +246,7 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
         retriever=retriever, args=training_args, mappo_args=mappo_args,
         ppo_epochs=finetuning_args.ppo_epochs, kl_target=finetuning_args.ppo_target,
         whiten_rewards=finetuning_args.ppo_whiten_rewards,
-        callbacks=[MappoLogCallback(), *(callbacks or [])],
+        callbacks=[MappoLogCallback(plot_keys(mappo_args.algorithm)), *(callbacks or [])],
     )
     from mmoa.train.mappo.joint_retriever import build_joint_retriever
 

@@ -195,8 +195,8 @@ def parse_retriever_rl_args(config: dict[str, Any]) -> RetrieverRLArguments:
     if missing:
         raise ValueError(f"stage {STAGE}: required key(s) {missing} missing")
     # the types of every key, read by MAPPO's one check, with strings refused for booleans:
-    # `plot_loss: "false"` was a non-empty string, so true (imported here: it brings torch)
-    from mmoa.train.mappo.args import typed_fields
+    # `plot_loss: "false"` was a non-empty string, so true
+    from mmoa.config_values import typed_fields
 
     typed = typed_fields(RetrieverRLArguments, {k: v for k, v in config.items() if k in known},
                          bool_strings=False)

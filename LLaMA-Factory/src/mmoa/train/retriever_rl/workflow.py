@@ -53,7 +53,7 @@ class RetrieverRLTrainer:
         ``model_name_or_path`` (the joint MAPPO option passes its live policy's)."""
         from mmoa.retrieval.client import RetrievalClient
         from mmoa.retrieval.encoder import EncoderFolderError
-        from mmoa.train.mappo.workflow import load_mappo_records
+        from mmoa.train.prompt_set import load_mappo_records
         from mmoa.train.retriever_rl.evaluate import frozen_generator
         from mmoa.train.retriever_rl.policy import (
             DocumentVectors,
@@ -424,7 +424,7 @@ def _install_stop_handlers() -> tuple[Any, dict[int, Any]]:
     """SIGINT, SIGTERM and SIGABRT (LlamaBoard's Abort) ask the loop to stop after the step
     under way (a second signal ends the process at once); returns the request and the handlers
     to put back. Outside the main thread signals cannot be caught and none is installed."""
-    from mmoa.train.mappo.trainer import StopRequest
+    from mmoa.train.stop import StopRequest
 
     stop, previous = StopRequest(), {}
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGABRT):

@@ -1,4 +1,4 @@
-"""Rollouts and samples of the multi-turn search agent (``mappo_pipeline: search_agent``).
+"""The multi-turn search agent (``mappo_pipeline: search_agent``; RAG-R1 / Search-R1).
 
 The trainer loop, the learner, the PPO maths, checkpoints and resume are those of MAPPO; this
 module only says how a step's questions become samples when one policy plays one multi-turn
@@ -14,6 +14,10 @@ agent instead of three single-turn ones:
   ``mappo_search_format_penalty`` when the trajectory ended malformed;
 * under GRPO a question's ``mappo_group_size`` trajectories are one group (the same
   :func:`mmoa.train.mappo.grpo.group_samples` as the three agents, with one agent ``search``).
+
+Evaluation (``mode: search_agent``) records per question its turns, retrieval rounds, queries,
+retrieved tokens and seconds. Model libraries are imported inside the functions, so the
+registry stays light for the command line.
 """
 
 from __future__ import annotations
@@ -21,19 +25,22 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from mmoa.agents.pipeline import DocumentRetriever, GenerationSettings
-from mmoa.agents.render import PromptRenderer
-from mmoa.agents.search_agent import SearchAgentPipeline, SearchTrajectory
 from mmoa.agents.search_tags import StopReason
 from mmoa.data.records import QARecord
-from mmoa.train.mappo.args import MappoArguments
-from mmoa.train.mappo.grpo import PipelineOutcome, group_samples
-from mmoa.train.mappo.rewards import shared_reward
-from mmoa.train.mappo.samples import Sample
+from mmoa.data.support import GoldSupport
+from mmoa.metrics import DEFAULT_PROFILE, score_answer
+from mmoa.pipelines.base import Batch, Evaluator, Timings, register_pipeline
+from mmoa.pipelines.scoring import rouge_l
+
+if TYPE_CHECKING:
+    from mmoa.agents.pipeline import DocumentRetriever, GenerationSettings
+    from mmoa.agents.render import PromptRenderer
+    from mmoa.agents.search_agent import SearchAgentPipeline, SearchTrajectory
+    from mmoa.evaluation import EvalConfig
+    from mmoa.train.mappo.args import MappoArguments
+    from mmoa.train.mappo.samples import Sample
 
 #: The one agent name of the search agent's samples (logs: ``response_length/search``).
 SEARCH_AGENT = "search"
@@ -42,6 +49,9 @@ SEARCH_AGENT = "search"
 def search_pipeline(policy: Any, tokenizer: Any, renderer: PromptRenderer,
                     retriever: DocumentRetriever, args: MappoArguments) -> SearchAgentPipeline:
     """The sampling pipeline of a rollout, configured by the ``mappo_search_*`` keys."""
+    from mmoa.agents.pipeline import GenerationSettings
+    from mmoa.agents.search_agent import SearchAgentPipeline
+
     settings = GenerationSettings(do_sample=True, temperature=args.mappo_temperature,
                                   top_p=args.mappo_top_p)
     return SearchAgentPipeline(
@@ -54,6 +64,8 @@ def search_pipeline(policy: Any, tokenizer: Any, renderer: PromptRenderer,
 def trajectory_score(trajectory: SearchTrajectory, golds: Sequence[str],
                      args: MappoArguments) -> tuple[float, float]:
     """``(shared answer reward, format penalty)`` of one trajectory."""
+    from mmoa.train.mappo.rewards import shared_reward
+
     shared = shared_reward(trajectory.answer, list(golds), args.mappo_reward_metric,
                            args.mappo_scoring)
     penalty = 0.0 if trajectory.well_formed else args.mappo_search_format_penalty
@@ -81,7 +93,7 @@ def search_samples(records: Sequence[QARecord], trajectories: Sequence[SearchTra
 
 
 #: ``(record, trajectory) -> (shared reward, penalty, this trajectory's log values)``.
-TrajectoryScore = Callable[[QARecord, SearchTrajectory], tuple[float, float, dict[str, float]]]
+TrajectoryScore = Callable[[QARecord, "SearchTrajectory"], tuple[float, float, dict[str, float]]]
 
 
 def trajectory_samples(records: Sequence[QARecord], trajectories: Sequence[SearchTrajectory],
@@ -90,13 +102,18 @@ def trajectory_samples(records: Sequence[QARecord], trajectories: Sequence[Searc
                        mask: bool) -> tuple[list[Sample], dict[str, float]]:
     """The samples of a multi-turn agent's step, one per trajectory, and the step's logs (the
     mean of every value ``score`` logs, ``response_length/<agent>`` and the rate of every stop
-    reason). Shared by the search agent and the decision agent (:mod:`.decision_rollout`): they
-    differ only in ``score``.
+    reason). Shared by the search agent and the decision agent
+    (:mod:`mmoa.pipelines.decision_agent`): they differ only in ``score``.
 
     Under PPO (and any algorithm without groups) a sample's score is ``shared + penalty``; under
     a grouped algorithm (GRPO, ...) a question's trajectories are one group whose ``shared``
     rewards are normalised and the penalty added (as for the three agents). ``mask``: keep the
     pipeline's appended tokens out of the loss (``loss_mask``)."""
+    import numpy as np
+
+    from mmoa.train.mappo.grpo import PipelineOutcome, group_samples
+    from mmoa.train.mappo.samples import Sample
+
     copies = args.rollouts_per_question
     grouped = args.algorithm.grouped
     repeated = [record for record in records for _ in range(copies)]
@@ -130,3 +147,82 @@ def trajectory_samples(records: Sequence[QARecord], trajectories: Sequence[Searc
                                             args.group_filter)
         summary.update(group_logs)
     return samples, summary
+
+
+def score_search_trajectory(record: QARecord, trajectory: Any,
+                            scoring: str = DEFAULT_PROFILE) -> dict[str, Any]:
+    """One line of ``predictions.jsonl`` for the search agent: the trajectory (its turns,
+    queries, stop reason), the scores, and the statistics the table shows."""
+    scores = score_answer(trajectory.answer, record.answers, profile=scoring)
+    row = {"id": record.id, **trajectory.to_dict(), "answers": record.answers,
+           "type": record.type}
+    if record.group is not None:
+        row["group"] = record.group
+    row["scores"] = {**scores.as_dict(), "rouge_l": rouge_l(trajectory.answer, record.answers)}
+    support = GoldSupport.of(record)
+    recall = None
+    if support is not None:
+        retrieved = getattr(trajectory, "retrieved_passages", [])
+        recall = support.recall(retrieved) if retrieved else 0.0
+    row["agent_stats"] = {"search": {
+        "turns": len(trajectory.turns), "searches": trajectory.num_searches,
+        "queries": trajectory.num_queries, "retrieved_tokens": trajectory.retrieved_tokens,
+        "seconds": trajectory.seconds, "well_formed": trajectory.well_formed,
+        "forced": trajectory.stop_reason is not None
+        and trajectory.stop_reason.value == "forced_answer"},
+        "retrieval": {"support_recall": recall}}
+    return row
+
+
+def multiturn_evaluator(pipeline: SearchAgentPipeline) -> Evaluator:
+    """Runs a multi-turn agent (search or decision) over a batch, with its timings."""
+    def run(questions: Sequence[str]) -> Batch:
+        trajectories = pipeline.run(list(questions))
+        return Batch(trajectories, Timings(dict(pipeline.last_timings)))
+
+    return run
+
+
+@register_pipeline("search_agent")
+class SearchAgentSpec:
+    """One policy that searches with up to ``mappo_search_max_queries`` queries per turn."""
+
+    name = "search_agent"
+    eval_modes: tuple[str, ...] = ("search_agent",)
+    retrieval_k_key = "mappo_search_top_k"
+    agent_plot = False
+
+    def rollout(self, policy: Any, tokenizer: Any, renderer: PromptRenderer,
+                retriever: DocumentRetriever, args: MappoArguments,
+                questions: Sequence[str]) -> Batch:
+        # one growing response per trajectory; one retrieval call per search round for
+        # every query of the step's trajectories
+        searcher = search_pipeline(policy, tokenizer, renderer, retriever, args)
+        trajectories = searcher.run(list(questions), group_size=args.rollouts_per_question)
+        return Batch(trajectories, Timings(dict(searcher.last_timings)))
+
+    def samples(self, records: Sequence[QARecord], traces: Sequence[Any],
+                args: MappoArguments) -> tuple[list[Sample], dict[str, float]]:
+        return search_samples(records, traces, args)
+
+    def evaluator(self, model: Any, tokenizer: Any, retriever: DocumentRetriever | None,
+                  settings: GenerationSettings, config: EvalConfig) -> Evaluator:
+        from mmoa.agents.search_agent import SearchAgentPipeline
+
+        return multiturn_evaluator(SearchAgentPipeline(
+            model, tokenizer, config.template, retriever,  # type: ignore[arg-type]
+            max_turns=config.search_max_turns, max_queries=config.search_max_queries,
+            top_k=config.search_top_k, max_new_tokens=config.max_new_tokens_search,
+            settings=settings))
+
+    def eval_row(self, record: QARecord, trace: Any, config: EvalConfig) -> dict[str, Any]:
+        return score_search_trajectory(record, trace, config.scoring)
+
+    def eval_retrieval_k(self, config: EvalConfig) -> tuple[str, int] | None:
+        return "search_top_k", config.search_top_k
+
+    def eval_label(self, config: EvalConfig) -> str:
+        return config.mode
+
+    def eval_metrics(self, config: EvalConfig) -> dict[str, Any]:
+        return {}
