@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The test command: sets up the environment from nothing (idempotent), lints, runs the whole suite.
-# Extra arguments go to pytest, e.g.  bash run_tests.sh -k metrics -x
+# Extra arguments go to pytest, e.g.  bash run_tests.sh -k metrics -x  (--help: this text)
 set -euo pipefail
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then  # the header comment above
+  sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"
+  exit 0
+fi
 cd "$(dirname "${BASH_SOURCE[0]}")"
 export HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
 bash setup_env.sh

@@ -9,6 +9,10 @@
 # It also installs Debian's chromium and chromium-driver (for the web UI browser test) when
 # chromedriver is missing and apt-get can be used (root or passwordless sudo).
 set -euo pipefail
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then  # the header comment above
+  sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"
+  exit 0
+fi
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
 # The browser test drives the system Chromium through the system chromedriver: no browser is

@@ -13,7 +13,7 @@ Example:
 
 import sys
 
-from mmoa.cli import main
+from mmoa_demo.cli import run_command
 
 if __name__ == "__main__":
-    sys.exit(main(["data", "known-split", *sys.argv[1:]]))
+    sys.exit(run_command("known-split", sys.argv[1:], prog="decision_known_split.py"))

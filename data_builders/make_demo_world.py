@@ -5,7 +5,7 @@ Example: python data_builders/make_demo_world.py --out data/demo --n-passages 20
 
 import sys
 
-from mmoa.cli import main
+from mmoa_demo.cli import run_command
 
 if __name__ == "__main__":
-    sys.exit(main(["data", "demo-world", *sys.argv[1:]]))
+    sys.exit(run_command("demo-world", sys.argv[1:], prog="make_demo_world.py"))

@@ -8,6 +8,11 @@ lines help when something goes wrong, so they are kept, in ``<output dir>/librar
 console handlers of ``llamafactory`` and ``transformers`` show warnings and errors only.
 The MAPPO stage's own logger (``llamafactory.mmoa``) keeps printing its INFO lines.
 
+LLaMA-Factory's data loader also ``print``s one tokenized example before training: its
+``input_ids`` and ``label_ids`` as Python lists (two lines of about 20,000 characters for a
+demo SFT sample) and their decoded text. Those go to the same file: while a block is routed,
+the loader's and the dataset processors' modules see a ``print`` that writes there.
+
 ``MMOA_VERBOSE=1`` restores the libraries' console output as LLaMA-Factory configures it.
 The web UI's runs are left alone (``LLAMABOARD_ENABLED``): LlamaBoard shows its log box from
 the same loggers.
@@ -21,6 +26,8 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 #: Environment variable that keeps every library line on the console.
 VERBOSE_ENV = "MMOA_VERBOSE"
@@ -31,8 +38,12 @@ LIBRARY_LOGGERS = ("llamafactory", "transformers")
 #: Our loggers under ``llamafactory`` whose INFO lines stay on the console.
 OWN_LOGGERS = ("llamafactory.mmoa",)
 _FORMAT = "[%(levelname)s|%(asctime)s] %(name)s:%(lineno)s >> %(message)s"
+#: The module that prints a tokenized example, and the package of the processors whose
+#: ``print_data_example`` print it.
+EXAMPLE_PRINTERS = ("llamafactory.data.loader", "llamafactory.data.processor")
 #: The log file of the block being routed (one at a time per process).
 _routed: list[Path] = []
+_UNSET = object()
 
 
 def verbose() -> bool:
@@ -85,11 +96,20 @@ def routed_library_logs(log_dir: str | Path | None) -> Iterator[Path | None]:
     console.addFilter(lambda record: record.levelno < logging.WARNING)  # warnings: parent's
     for name in OWN_LOGGERS:
         logging.getLogger(name).addHandler(console)
+    printers = _example_printers()
+    saved = [(module, module.__dict__.get("print", _UNSET)) for module in printers]
+    for module in printers:
+        module.print = _print_to(file_handler, module.__name__)  # type: ignore[attr-defined]
     _routed.append(path)
     try:
         yield path
     finally:
         _routed.remove(path)
+        for module, before in saved:
+            if before is _UNSET:
+                del module.print  # type: ignore[attr-defined]
+            else:
+                module.print = before  # type: ignore[attr-defined]
         for name in OWN_LOGGERS:
             logging.getLogger(name).removeHandler(console)
         for logger in loggers:
@@ -97,6 +117,37 @@ def routed_library_logs(log_dir: str | Path | None) -> Iterator[Path | None]:
         for handler, level in levels:
             handler.setLevel(level)
         file_handler.close()
+
+
+def _example_printers() -> list[ModuleType]:
+    """LLaMA-Factory's modules that ``print`` a tokenized example (the loader and every dataset
+    processor); none when this llamafactory has another layout."""
+    import importlib
+
+    try:
+        for name in EXAMPLE_PRINTERS:
+            importlib.import_module(name)
+    except ImportError:
+        return []
+    loader, package = EXAMPLE_PRINTERS
+    return [module for name, module in sorted(sys.modules.items())
+            if module is not None and (name == loader or name.startswith(package + "."))]
+
+
+def _print_to(handler: logging.Handler, name: str) -> Any:
+    """A ``print`` for a library module: what it prints to stdout becomes one INFO record of
+    ``handler`` (the run's library.log) whatever the library's log level, since a user who
+    sets ``LLAMAFACTORY_VERBOSITY=WARN`` still wants the example kept; other files are untouched."""
+
+    def library_print(*values: object, sep: str | None = " ", end: str | None = "\n",
+                      file: Any = None, flush: bool = False) -> None:
+        if file is not None and file is not sys.stdout:
+            print(*values, sep=sep, end=end, file=file, flush=flush)
+            return
+        text = (" " if sep is None else sep).join(map(str, values))
+        handler.handle(logging.LogRecord(name, logging.INFO, name, 0, text, None, None))
+
+    return library_print
 
 
 def quiet_faiss_loader() -> None:

@@ -2,7 +2,8 @@
 
 The library trains and evaluates a RAG pipeline on any dataset and any local model; nothing in
 ``mmoa`` imports this package. It serves the demo (``run_demo.sh``), the test suite's fast model
-and the ``mmoa-cli data demo-world`` / ``mmoa-cli data pretrain`` verbs, which import it lazily:
+and the ``mmoa-cli data demo-world`` / ``pretrain`` / ``known-split`` verbs, which it adds to the
+library's command line as a plugin (:mod:`mmoa_demo.cli`, entry point group ``mmoa.cli.data``):
 
 * :mod:`mmoa_demo.world`: the seeded synthetic encyclopedia and its multi-hop QA splits (written in
   the unified schema, so ``mmoa.data`` reads them like any other dataset);
