@@ -77,9 +77,11 @@ def post(server: ServerProcess, path: str, body: Any, headers: dict[str, str] | 
 # ------------------------------------------------------------------------------ answers
 
 
-def test_health_describes_the_index(server: ServerProcess, reference: Any) -> None:
+def test_health_describes_the_index(server: ServerProcess, reference: Any,
+                                    index_dir: Path) -> None:
     health = requests.get(server.url + "/health", timeout=10).json()
     assert health["status"] == "ok"
+    assert health["index_path"] == str(index_dir)
     assert health["corpus_size"] == len(reference.corpus)
     assert health["dim"] == 384
     assert health["index_type"] == "Flat"

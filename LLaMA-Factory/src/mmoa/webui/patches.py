@@ -6,8 +6,8 @@ our UI with theirs). Instead :func:`apply_patches` changes a few module-level na
 ``create_ui()`` runs; every patch point is one that LlamaBoard looks up at call time:
 
 1. ``extras.constants.TRAINING_STAGES`` gets ``"MAPPO (RAG)": "mappo"`` and
-   ``"Retriever RL (HARR)": "retriever_rl"``, mutated in place because every webui module holds
-   a reference to the same dict;
+   ``"Retriever RL (HARR)": "retriever_rl"`` first (so MAPPO is the default stage), reordered in
+   place because every webui module holds a reference to the same dict;
 2. ``Runner._parse_train_args`` adds the MAPPO fields (as their YAML keys), drops the evaluation
    keys that do not apply, and ``Runner._initialize`` checks the MAPPO fields before a run;
    for ``retriever_rl`` the form becomes the stage's own strict config
@@ -18,8 +18,8 @@ our UI with theirs). Instead :func:`apply_patches` changes a few module-level na
    makes our trainer's ``LogCallback`` feed the progress bar, log and Stop button unchanged;
 4. ``runner.gen_cmd`` previews a MAPPO run as the YAML that Start writes plus the ``mmoa-cli``
    command that runs it (``llamafactory-cli train --stage mappo`` would be refused);
-5. ``runner.get_trainer_info`` plots loss and reward for our stages' runs, and below them the
-   per-agent panels of a three-agent MAPPO run (:mod:`mmoa.webui.plots`);
+5. ``runner.get_trainer_info`` plots loss and reward for our stages' runs
+   (:mod:`mmoa.webui.plots`);
 6. ``interface.create_train_tab`` adds the MAPPO and Retriever RL accordions: the widgets are
    created with
    ``render=False`` and slipped into the tab's input set (through a temporary
@@ -34,7 +34,18 @@ our UI with theirs). Instead :func:`apply_patches` changes a few module-level na
    writers and replaces the file atomically, so readers always see a whole file;
 9. ``Runner.monitor`` turns a failed run's "Failed. Exit code: N" and its whole stderr
    (progress-bar redraws included, often one very long line) into the line that says what
-   went wrong and the run's last lines, with a warning toast.
+   went wrong and the run's last lines, with a warning toast;
+10. ``Runner._launch`` asks the retrieval server's ``/health`` before a run of our stages and,
+    when nothing answers, puts one line in the output box (the URL and the command that starts
+    a server) instead of launching; a launched run starts with the plot cleared. The MAPPO
+    accordion has a "Check server" button (:mod:`mmoa.webui.server_check`), the CPU demo
+    preset and a Max steps field; Preview and Start warn when ``logging_steps`` > ``max_steps``;
+11. the per-agent panels under the log (:func:`watch_agent_panels`, a second event on Start and
+    on LlamaBoard's resume) are emptied when a run begins and redrawn from its
+    ``trainer_log.jsonl``;
+12. ``locales.LOCALES`` title and subtitle say what this is (and, without a GPU, that runs use
+    the CPU, once), and ``runner.is_accelerator_available`` stops LlamaBoard's "CUDA environment
+    was not detected" toast on every Start.
 
 It also makes the defaults CPU-friendly when no accelerator is present: fp32 instead of bf16,
 and no more preprocessing workers than cores.
@@ -63,10 +74,13 @@ from mmoa.train.launcher import (
     read_train_config,
 )
 from mmoa.webui.mappo_fields import (
+    CPU_DEMO_PRESET,
     MAPPO_FIELDS,
     MAPPO_ROWS,
     MAPPO_STAGE_LABEL,
     config_from_values,
+    describe_preset,
+    logging_warning,
     validate_config,
 )
 from mmoa.webui.retriever_fields import (
@@ -75,6 +89,7 @@ from mmoa.webui.retriever_fields import (
     RETRIEVER_STAGE_LABEL,
     stage_config,
 )
+from mmoa.webui.server_check import START_COMMAND
 
 if TYPE_CHECKING:
     from gradio.components import Component
@@ -85,6 +100,30 @@ EVAL_KEYS = ("val_size", "eval_strategy", "eval_steps", "per_device_eval_batch_s
 OUR_STAGES = (MAPPO_STAGE, RETRIEVER_RL_STAGE)
 #: Prefix of the ``elem_id`` given to LlamaBoard's components (stable hooks for CSS and tests).
 ELEM_ID_PREFIX = "mmoa"
+#: The config keys the MAPPO widgets write that are not ``mappo_*`` (the box overrides them too).
+FIELD_KEYS = frozenset(f.key for f in MAPPO_FIELDS)
+#: Seconds between two redraws of the per-agent panels while a run goes on (LlamaBoard's
+#: monitor polls every 2 s as well).
+PANEL_POLL_S = 2.0
+#: Seconds the per-agent panels wait, after Start, for the run to begin (the server check and
+#: the form's checks come first); a refused Start leaves them as they were.
+PANEL_START_WAIT_S = 30.0
+
+#: The first screen: what this is, in one short paragraph (LlamaBoard's title and subtitle).
+TITLE_HTML = ("<h1><center>MMOA-RAG: multi-agent reinforcement learning for a RAG pipeline"
+              "</center></h1>")
+INTRO_HTML = (
+    "<p style='text-align:center;max-width:60em;margin:0 auto'>Trains a retrieval-augmented "
+    "generation pipeline (Query Rewriter → Retriever → Selector → Generator) as a team of "
+    "cooperating agents on one LLM: a supervised warm start (<i>Supervised Fine-Tuning</i>), "
+    "then the stage <b>MAPPO (RAG)</b>, first in the stage list. Start a retrieval server "
+    "first (<code>bash run_server.sh --index data/demo/index</code>; <i>Check server</i> shows "
+    "what it serves), and try a checkpoint in the <b>RAG Playground</b> tab. Built on "
+    "LLaMA-Factory's LlamaBoard: its other stages work as usual.{cpu}</p>")
+#: Said once on the first screen of a machine without an accelerator, instead of LlamaBoard's
+#: "CUDA environment was not detected" toast on every Start.
+CPU_NOTE = (" <b>No GPU found: runs use the CPU</b> (compute type fp32); the <i>CPU demo</i> "
+            "preset in the MAPPO accordion gives a first logged step within about a minute.")
 
 _originals: dict[str, Any] = {}
 _last_engine: list[Any] = []
@@ -171,10 +210,12 @@ def _wrap_parse_train_args(original: Callable[..., dict[str, Any]]) -> Callable[
             return args
         for key in EVAL_KEYS:
             args.pop(key, None)
-        args.update(config_from_values(_mappo_values(self, data)))
+        algorithm = extra.get("mappo_algorithm")
+        args.update(config_from_values(_mappo_values(self, data),
+                                       algorithm if isinstance(algorithm, str) else None))
         # The extra-arguments box wins over the widgets, as it does for every LlamaBoard field.
         args.update({k: v for k, v in extra.items() if k.startswith("mappo_")
-                     or k in ("ppo_epochs", "ppo_target")})
+                     or k in FIELD_KEYS})
         return args
 
     _parse_train_args.__wrapped__ = original  # type: ignore[attr-defined]
@@ -194,19 +235,59 @@ def _wrap_initialize(original: Callable[..., str]) -> Callable[..., str]:
                 validate(self._parse_train_args(data))
             except (ValueError, TypeError) as err:
                 return f"Retriever RL: {err}"
-            return ""
-        try:
-            config = config_from_values(_mappo_values(self, data))
-            if not config.get("mappo_retriever_url", "").startswith(("http://", "https://")):
-                raise ValueError("the retriever URL must start with http:// or https:// "
-                                 "(start one with: mmoa-cli serve --index <index folder>)")
-            validate_config(config)
-        except (ValueError, TypeError) as err:
-            return f"MAPPO: {err}"
+        else:
+            try:
+                config = config_from_values(_mappo_values(self, data))
+                if not config.get("mappo_retriever_url", "").startswith(("http://", "https://")):
+                    raise ValueError("the retriever URL must start with http:// or https:// "
+                                     f"(start a server with: {START_COMMAND})")
+                validate_config(config)
+            except (ValueError, TypeError) as err:
+                return f"MAPPO: {err}"
+        # Once per click: Start checks the form with from_preview=True first (_wrap_launch),
+        # then LlamaBoard's _launch checks it again with from_preview=False.
+        warning = logging_warning(self._parse_train_args(data)) if from_preview else None
+        if warning:
+            import gradio as gr
+
+            gr.Warning(warning)
         return ""
 
     _initialize.__wrapped__ = original  # type: ignore[attr-defined]
     return _initialize
+
+
+def server_url_of(config: dict[str, Any]) -> tuple[str, str | None]:
+    """``(retriever URL, token)`` a run of our stages will call (after the extra-arguments box)."""
+    if config.get("stage") == RETRIEVER_RL_STAGE:
+        return str(config.get("retriever_url") or ""), config.get("retriever_token")
+    return str(config.get("mappo_retriever_url") or ""), config.get("mappo_retriever_token")
+
+
+def _wrap_launch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Start of a run of our stages: the retrieval server is asked first; when it does not
+    answer the run is not launched and one line (URL + the command that starts a server) goes
+    to the output box, once: no toast, no failed run's stderr. A launched run starts with
+    LlamaBoard's plot cleared, so a run that fails before its first step leaves no curves of
+    the previous run on screen."""
+    def _launch(self: Any, data: dict[Component, Any], do_train: bool) -> Any:
+        if not do_train or self.running or _stage_of(self, data) not in OUR_STAGES \
+                or self._initialize(data, True, True):
+            yield from original(self, data, do_train)  # LlamaBoard says what is wrong
+            return
+        from mmoa.webui.server_check import check_server, refusal_line
+
+        get = self.manager.get_elem_by_id
+        url, token = server_url_of(self._parse_train_args(data))
+        report = check_server(url, token=token if isinstance(token, str) else None)
+        if not report.ok:
+            yield {get("train.output_box"): refusal_line(report)}
+            return
+        yield {get("train.loss_viewer"): None}
+        yield from original(self, data, do_train)
+
+    _launch.__wrapped__ = original  # type: ignore[attr-defined]
+    return _launch
 
 
 # ----------------------------------------------------------------------------- 4. preview
@@ -341,17 +422,23 @@ def _wrap_create_train_tab(original: Callable[[Any], dict[str, Any]]) -> Callabl
             elems = original(engine)
         finally:
             del manager.get_base_elems  # the class method again
-        with gr.Accordion(MAPPO_STAGE_LABEL, open=False,
+        first_stage = TRAINING_STAGES.get(elems["training_stage"].value)
+        with gr.Accordion(MAPPO_STAGE_LABEL, open=first_stage == MAPPO_STAGE,
                           elem_id=f"{ELEM_ID_PREFIX}-train-mappo_tab") as mappo_tab:
             gr.Markdown("Used when the stage is **MAPPO**. Each field is the YAML key shown in "
-                        "Preview; the extra-arguments box may override any of them.")
-            for row in MAPPO_ROWS:
-                with gr.Row():
-                    for name in row:
-                        components[name].render()
+                        "Preview; the extra-arguments box may override any of them. Fields that "
+                        "do not apply to the chosen *Algorithm* are hidden and left out of the "
+                        "YAML.")
+            with gr.Row():
+                preset_btn = gr.Button("CPU demo preset", scale=0, min_width=160,
+                                       elem_id=f"{ELEM_ID_PREFIX}-train-preset_cpu")
+                gr.Markdown(f"A first run that logs a step within about a minute on a 2-core "
+                            f"CPU (demo model): {describe_preset(CPU_DEMO_PRESET)}.")
+            mappo_check = _render_rows(MAPPO_ROWS, components, "mappo_retriever_url", "train")
 
-        with gr.Accordion(RETRIEVER_STAGE_LABEL, open=False,
+        with gr.Accordion(RETRIEVER_STAGE_LABEL, open=first_stage == RETRIEVER_RL_STAGE,
                           elem_id=f"{ELEM_ID_PREFIX}-train-retriever_tab") as retriever_tab:
+
             gr.Markdown(
                 "Used when the stage is **Retriever RL**: the query encoder is trained with "
                 "GRPO on sampled retrievals while the model above stays frozen (it answers for "
@@ -360,10 +447,9 @@ def _wrap_create_train_tab(original: Callable[[Any], dict[str, Any]]) -> Callabl
                 "schedule is constant and the batch, epoch and fine-tuning fields do not "
                 "apply. Other `retriever_*` keys go in the extra-arguments box "
                 "(docs/retriever_rl.md).")
-            for row in RETRIEVER_ROWS:
-                with gr.Row():
-                    for name in row:
-                        components[name].render()
+            retriever_check = _render_rows(RETRIEVER_ROWS, components, "retriever_url",
+                                           "train-retriever")
+        agent_elems = _create_agent_panels(engine, elems)
 
         # Under the stage/dataset rows, where the stage is chosen, instead of below Start and
         # the log (gradio lays a tab out in the order of its children until launch).
@@ -377,16 +463,160 @@ def _wrap_create_train_tab(original: Callable[[Any], dict[str, Any]]) -> Callabl
 
         elems["training_stage"].change(open_for_stage, [elems["training_stage"]],
                                        [mappo_tab, retriever_tab], queue=False)
+        for button, url, info in (mappo_check, retriever_check):
+            button.click(check_server_html, [url], [info])
+        conditional = [f for f in MAPPO_FIELDS if f.only_for is not None]
+
+        def show_for_algorithm(algorithm: str) -> list[Any]:
+            return [gr.update(visible=f.applies_to(algorithm)) for f in conditional]
+
+        components["mappo_algorithm"].change(show_for_algorithm, [components["mappo_algorithm"]],
+                                             [components[f.name] for f in conditional],
+                                             queue=False)
+        preset_targets = [_element(elems, components, elem_id) for elem_id in CPU_DEMO_PRESET]
+        preset_btn.click(lambda: list(CPU_DEMO_PRESET.values()), None, preset_targets,
+                         queue=False)
         if not is_accelerator_available():
             elems["compute_type"].value = "fp32"  # bf16 fails on CPU
         _tag_elements("train", elems)
         top = {manager.get_id_by_elem(e).split(".", 1)[1]: e for e in manager.get_elem_list()
                if manager.get_id_by_elem(e).startswith("top.")}
         _tag_elements("top", top)
-        return {**elems, "mappo_tab": mappo_tab, "retriever_tab": retriever_tab, **components}
+        return {**elems, "mappo_tab": mappo_tab, "retriever_tab": retriever_tab,
+                "preset_cpu": preset_btn, "check_server": mappo_check[0],
+                "server_info": mappo_check[2], **agent_elems, **components}
 
     create_train_tab.__wrapped__ = original  # type: ignore[attr-defined]
     return create_train_tab
+
+
+def _element(elems: dict[str, Any], components: dict[str, Any], elem_id: str) -> Any:
+    """The component of a ``train.<name>`` id: ours, else LlamaBoard's."""
+    name = elem_id.split(".", 1)[1]
+    return components[name] if name in components else elems[name]
+
+
+def _render_rows(rows: tuple[tuple[str, ...], ...], components: dict[str, Any], url_name: str,
+                 prefix: str) -> tuple[Any, Any, Any]:
+    """Render an accordion's rows, with a "Check server" button beside its URL field and the
+    check's result under the first row; returns ``(button, URL field, result)``."""
+    import gradio as gr
+
+    button = info = None
+    for index, row in enumerate(rows):
+        with gr.Row():
+            for name in row:
+                components[name].render()
+                if name == url_name:
+                    button = gr.Button("Check server", scale=0, min_width=120,
+                                       elem_id=f"{ELEM_ID_PREFIX}-{prefix}-check_server")
+        if index == 0:
+            info = gr.HTML(elem_id=f"{ELEM_ID_PREFIX}-{prefix}-server_info")
+    assert button is not None and info is not None, url_name
+    return button, components[url_name], info
+
+
+def check_server_html(url: str) -> str:
+    """The "Check server" button: what the server at ``url`` serves, or why it cannot be used."""
+    from mmoa.webui.server_check import check_server, render_report
+
+    return render_report(check_server(url))
+
+
+# -------------------------------------------------------------- 10. the per-agent panels
+
+
+def run_output_path(runner: Any) -> tuple[str, str | None]:
+    """``(output folder, stage)`` of the run the runner is monitoring (LlamaBoard's rule)."""
+    from llamafactory.extras.constants import TRAINING_STAGES
+    from llamafactory.webui.common import get_save_dir
+
+    def get(elem_id: str) -> Any:
+        return runner.running_data[runner.manager.get_elem_by_id(elem_id)]
+
+    path = get_save_dir(get("top.model_name"), get("top.finetuning_type"),
+                        get("train.output_dir"))
+    return str(path), TRAINING_STAGES.get(get("train.training_stage"))
+
+
+def panels_of(output_path: str | Path) -> tuple[str, Any]:
+    """``(summary HTML, figure)`` of a MAPPO run's folder, read from its ``trainer_log.jsonl``;
+    the run-level curves are those of its algorithm (from its ``training_args.yaml``)."""
+    from llamafactory.extras.constants import TRAINER_LOG, TRAINING_ARGS
+
+    from mmoa.webui.plots import agent_figure, agent_summary, read_trainer_log, run_curve_keys
+
+    try:
+        algorithm = read_train_config([os.path.join(output_path, TRAINING_ARGS)]).get(
+            "mappo_algorithm")
+    except TrainConfigError:
+        algorithm = None
+    log = read_trainer_log(os.path.join(output_path, TRAINER_LOG))
+    keys = run_curve_keys(algorithm if isinstance(algorithm, str) else None)
+    return agent_summary(log), agent_figure(log, keys)
+
+
+def watch_agent_panels(runner: Any, start_wait_s: float = PANEL_START_WAIT_S,
+                       poll_s: float = PANEL_POLL_S) -> Any:
+    """Yields ``(summary, figure)`` for the per-agent panels of the run being started: first
+    empty ones (nothing of the previous run stays), then a redraw whenever the run's
+    ``trainer_log.jsonl`` changes, until the run ends. A Start that never becomes a run (a
+    refused form, no server) leaves the panels as they were."""
+    import time
+
+    from llamafactory.extras.constants import TRAINER_LOG
+
+    deadline = time.monotonic() + start_wait_s
+    while not (runner.running and runner.running_data is not None):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.25)
+    try:
+        output_path, stage = run_output_path(runner)
+    except (KeyError, TypeError):  # the run ended between the two looks
+        return
+    yield "", None
+    if stage != MAPPO_STAGE:
+        return
+    log_path = os.path.join(output_path, TRAINER_LOG)
+    seen: tuple[int, int] | None = None
+    while True:
+        running = runner.running
+        try:
+            stat = os.stat(log_path)
+            now: tuple[int, int] | None = (stat.st_mtime_ns, stat.st_size)
+        except OSError:
+            now = None
+        if now is not None and now != seen:
+            seen = now
+            yield panels_of(output_path)
+        if not running:
+            return
+        time.sleep(poll_s)
+
+
+def _create_agent_panels(engine: Any, elems: dict[str, Any]) -> dict[str, Any]:
+    """The per-agent panels under the log (full width: the plot column beside the log is too
+    narrow for a dozen panels), redrawn while a MAPPO run goes on."""
+    import gradio as gr
+
+    with gr.Accordion("Per-agent panels (MAPPO)", open=True,
+                      elem_id=f"{ELEM_ID_PREFIX}-train-agent_tab") as agent_tab:
+        gr.Markdown("Each agent's reward, penalty rate, KL and entropy, the Selector's documents "
+                    "and their gold recall, the Query Rewriter's sub-questions, the answer "
+                    "length and F1, from the run's `trainer_log.jsonl`: the figures the run "
+                    "saves as `training_agents.png` and `training_<key>.png`. Cleared when a "
+                    "run starts.")
+        summary = gr.HTML(elem_id=f"{ELEM_ID_PREFIX}-train-agent_summary")
+        plot = gr.Plot(show_label=False, elem_id=f"{ELEM_ID_PREFIX}-train-agent_plot")
+
+    def watch() -> Any:
+        yield from watch_agent_panels(engine.runner)
+
+    # No spinner: the watcher waits for the run (a refused Start would spin for 30 s).
+    for trigger in (elems["start_btn"].click, elems["resume_btn"].change):
+        trigger(watch, None, [summary, plot], concurrency_limit=None, show_progress="hidden")
+    return {"agent_tab": agent_tab, "agent_summary": summary, "agent_plot": plot}
 
 
 # -------------------------------------------------------------------- 7. the playground tab
@@ -439,25 +669,53 @@ def _save_config_modules() -> list[Any]:
 
 # ------------------------------------------------------------------------------- apply
 
+#: The LlamaBoard texts apply_patches rewrites (restored by remove_patches).
+_LOCALE_KEYS = ("title", "subtitle", "dataset")
+
+
+def _no_start_warning() -> bool:
+    """Stands in for ``is_accelerator_available`` in ``webui.runner``, whose only use there is
+    the per-Start "CUDA environment was not detected" toast."""
+    return True
+
+
 
 def apply_patches() -> None:
     """Patch LlamaBoard in memory; idempotent. Call before ``create_ui()``."""
     if _originals:
         return
     from llamafactory.extras.constants import TRAINING_STAGES
+    from llamafactory.extras.misc import is_accelerator_available
     from llamafactory.webui import interface, runner
+    from llamafactory.webui.locales import LOCALES
 
     _originals.update({
         "parse": runner.Runner._parse_train_args, "initialize": runner.Runner._initialize,
+        "launch": runner.Runner._launch,
         "popen": runner.Popen, "gen_cmd": runner.gen_cmd, "monitor": runner.Runner.monitor,
         "trainer_info": runner.get_trainer_info,
         "train_tab": interface.create_train_tab, "footer": interface.create_footer,
         "save_config": [module.save_config for module in _save_config_modules()],
+        "stages": dict(TRAINING_STAGES), "accelerator": runner.is_accelerator_available,
+        "locales": {key: json.loads(json.dumps(LOCALES[key])) for key in _LOCALE_KEYS},
     })
-    TRAINING_STAGES[MAPPO_STAGE_LABEL] = MAPPO_STAGE
-    TRAINING_STAGES[RETRIEVER_STAGE_LABEL] = RETRIEVER_RL_STAGE
+    # Our stages first (the dict is shared by every webui module: reordered in place).
+    others = dict(TRAINING_STAGES)
+    TRAINING_STAGES.clear()
+    TRAINING_STAGES.update({MAPPO_STAGE_LABEL: MAPPO_STAGE,
+                            RETRIEVER_STAGE_LABEL: RETRIEVER_RL_STAGE, **others})
+    cpu = "" if is_accelerator_available() else CPU_NOTE
+    for lang in LOCALES["title"]:
+        LOCALES["title"][lang]["value"] = TITLE_HTML
+        LOCALES["subtitle"][lang]["value"] = INTRO_HTML.format(cpu=cpu)
+    LOCALES["dataset"]["en"]["info"] = ("MAPPO: a prompt set with gold answers, e.g. demo_mappo "
+                                        "(mmoa-cli data mappo registers one)")
+    # LlamaBoard asks this only to toast "CUDA environment was not detected" on every Start;
+    # the first screen says CPU once instead (CPU_NOTE).
+    runner.is_accelerator_available = _no_start_warning
     runner.Runner._parse_train_args = _wrap_parse_train_args(_originals["parse"])
     runner.Runner._initialize = _wrap_initialize(_originals["initialize"])
+    runner.Runner._launch = _wrap_launch(_originals["launch"])
     runner.Runner.monitor = _wrap_monitor(_originals["monitor"])
     runner.Popen = RoutingPopen
     runner.gen_cmd = _wrap_gen_cmd(_originals["gen_cmd"])
@@ -474,11 +732,15 @@ def remove_patches() -> None:
         return
     from llamafactory.extras.constants import TRAINING_STAGES
     from llamafactory.webui import interface, runner
+    from llamafactory.webui.locales import LOCALES
 
-    TRAINING_STAGES.pop(MAPPO_STAGE_LABEL, None)
-    TRAINING_STAGES.pop(RETRIEVER_STAGE_LABEL, None)
+    TRAINING_STAGES.clear()
+    TRAINING_STAGES.update(_originals["stages"])
+    LOCALES.update(_originals["locales"])
+    runner.is_accelerator_available = _originals["accelerator"]
     runner.Runner._parse_train_args = _originals["parse"]
     runner.Runner._initialize = _originals["initialize"]
+    runner.Runner._launch = _originals["launch"]
     runner.Runner.monitor = _originals["monitor"]
     runner.Popen = _originals["popen"]
     runner.gen_cmd = _originals["gen_cmd"]
