@@ -109,16 +109,21 @@ def prepare_data(args: argparse.Namespace, work: Path) -> None:
 
 
 def evaluate(args: argparse.Namespace, model: Path, out: Path, policy: str = "model",
-             data_file: str | None = None, sample_seed: int | None = None) -> dict[str, Any]:
+             data_file: str | None = None, sample_seed: int | None = None, *,
+             template: str = "smollm2", scoring: str | None = None,
+             max_samples: int | None = None) -> dict[str, Any]:
     """``evaluate_qr_s_g.py --mode decision_agent`` on the test split (or ``data_file``),
     greedy or, with ``sample_seed``, sampled as the rollouts are; its metrics and the
-    per-question F1."""
+    per-question F1. The keywords let another bench (``side_by_side.py``) evaluate another
+    model, scoring or number of questions the same way."""
     sampling = [] if sample_seed is None else ["--do_sample", "--seed", str(sample_seed)]
+    extra = [*(["--scoring", scoring] if scoring else []),
+             *(["--max_samples", str(max_samples)] if max_samples else [])]
     run_logged([sys.executable, "evaluate/evaluate_qr_s_g.py", "--mode", "decision_agent",
           "--decision_policy", policy, "--model_name_or_path", str(model),
-          "--template", "smollm2", "--data_file", data_file or f"{args.split_dir}/test.jsonl",
+          "--template", template, "--data_file", data_file or f"{args.split_dir}/test.jsonl",
           "--retriever_url", args.retriever_url, "--precision", args.precision,
-          "--output_dir", str(out), *sampling], out / "eval.log")
+          "--output_dir", str(out), *sampling, *extra], out / "eval.log")
     metrics = json.loads((out / "metrics.json").read_text())
     return {"summary": summary(metrics), "per_question_f1": per_question_f1(out)}
 
@@ -134,8 +139,10 @@ def summary(metrics: dict[str, Any]) -> dict[str, Any]:
             "seconds_per_question": metrics.get("seconds_per_question")}
 
 
-def train_rl(args: argparse.Namespace, warm: Path, output: Path, seed: int, cost: float) -> None:
-    """One GRPO run from the warm start, resumed from its last checkpoint."""
+def train_rl(args: argparse.Namespace, warm: Path, output: Path, seed: int, cost: float,
+             config: str = RL_CONFIG) -> None:
+    """One GRPO run of ``config`` from the warm start, resumed from its last checkpoint
+    (``args.overrides`` last, so they win over the split's dataset)."""
     if (output / "model.safetensors").is_file():
         return
     overrides = [f"model_name_or_path={warm}", f"output_dir={output}", f"seed={seed}",
@@ -144,7 +151,7 @@ def train_rl(args: argparse.Namespace, warm: Path, output: Path, seed: int, cost
                  f"dataset={rl_dataset(args)}", *args.overrides]
     if (checkpoint := last_checkpoint(output)) is not None:
         overrides.append(f"resume_from_checkpoint={checkpoint}")
-    train(RL_CONFIG, overrides, output.parent / "train.log")
+    train(config, overrides, output.parent / "train.log")
 
 
 def _decision_key(key: str) -> bool:

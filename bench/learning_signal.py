@@ -92,15 +92,23 @@ def rl_config(args: argparse.Namespace) -> str:
 TARGET_SEEDS = 3
 
 
-def _evaluate(model: Path, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def evaluate(model: Path, args: argparse.Namespace, out: Path, mode: str = "qr_s_g"
+             ) -> dict[str, Any]:
+    """The pipeline of ``mode`` (``qr_s_g``; ``rag`` for retrieve-then-generate) on
+    ``args.eval_file`` with the RL config's generation limits; its ``metrics.json``. Other
+    benches (``side_by_side.py``) evaluate their three-agent rows with it, so that every
+    three-agent figure is scored the same way; ``args.scoring`` (absent: the evaluator's
+    default profile) picks the scoring, e.g. ``hotpotqa`` on real HotpotQA files."""
     template = MODELS[args.model][1]
     command = [sys.executable, "evaluate/evaluate_qr_s_g.py", "--model_name_or_path", str(model),
-               "--template", template, "--data_file", args.eval_file, "--mode", "qr_s_g",
+               "--template", template, "--data_file", args.eval_file, "--mode", mode,
                "--k", str(args.k), "--retriever_url", args.eval_retriever_url or args.retriever_url,
                "--precision", args.precision, *rollout_limits(rl_config(args)),
                "--output_dir", str(out)]
     if args.max_eval:
         command += ["--max_samples", str(args.max_eval)]
+    if getattr(args, "scoring", None):
+        command += ["--scoring", args.scoring]
     run_logged(command, out / "eval.log")
     return json.loads((out / "metrics.json").read_text())
 
@@ -131,22 +139,24 @@ def load_previous(path: str | None, args: argparse.Namespace | None = None
                   ) -> dict[str, Any] | None:
     """The earlier JSON whose runs are carried over; refused when it scored another question
     set (its figures would be paired with questions this invocation does not evaluate) or
-    trained other runs (another algorithm, other agents)."""
+    trained other runs (another algorithm, other agents) or scored them otherwise."""
     if not path or not Path(path).is_file():
         return None
     previous = json.loads(Path(path).read_text())
     if args is not None:
         config = {"algorithm": "ppo", "agents": ",".join(AGENTS),  # before those options
                   **previous.get("config", {})}
-        for key in ("eval_file", "max_eval", "algorithm", "agents"):
-            if config.get(key) != getattr(args, key):
+        for key in ("eval_file", "max_eval", "algorithm", "agents", "scoring"):
+            ours = getattr(args, key, None)  # scoring: absent before the option existed
+            if config.get(key) != ours:
                 raise SystemExit(f"{path} was made with {key}={config.get(key)!r}, this run "
-                                 f"with {getattr(args, key)!r}: its runs cannot be carried over "
+                                 f"with {ours!r}: its runs cannot be carried over "
                                  "(pass --previous none, or another --json-out)")
     return previous
 
 
-def _summary(metrics: dict[str, Any], eval_dir: Path) -> dict[str, Any]:
+def summary(metrics: dict[str, Any], eval_dir: Path) -> dict[str, Any]:
+    """What a run records of its evaluation: EM / F1 (with SE), the agents' statistics."""
     agents = metrics["agents"]
     selector, generator = agents.get("selector", {}), agents.get("generator", {})
     return {
@@ -214,8 +224,8 @@ def warm_start(args: argparse.Namespace, work: Path,
         record.update(test=same["test"], per_question_f1=same["per_question_f1"],
                       reused_evaluation=True)
         return _finish(run_dir, record, started)
-    metrics = _evaluate(model, args, run_dir / "eval")
-    record.update(test=_summary(metrics, run_dir / "eval"),
+    metrics = evaluate(model, args, run_dir / "eval")
+    record.update(test=summary(metrics, run_dir / "eval"),
                   per_question_f1=per_question_f1(run_dir / "eval"))
     return _finish(run_dir, record, started)
 
@@ -267,11 +277,11 @@ def mappo_run(args: argparse.Namespace, work: Path, name: str, seed: int, agents
         trained.touch()
         for checkpoint in output.glob("checkpoint-*"):  # the final model is in output itself
             shutil.rmtree(checkpoint)
-    metrics = _evaluate(output, args, run_dir / "eval")
+    metrics = evaluate(output, args, run_dir / "eval")
     return _finish(run_dir, {"seed": seed, "agents": agents, "algorithm": args.algorithm,
                              "model": str(output),
                              "code_version": code.read_text().strip(),
-                             "test": _summary(metrics, run_dir / "eval"),
+                             "test": summary(metrics, run_dir / "eval"),
                              "per_question_f1": per_question_f1(run_dir / "eval"),
                              "training_last_steps": _training_tail(output)}, started)
 
@@ -475,6 +485,9 @@ def main() -> None:
     parser.add_argument("--max-eval", dest="max_eval", type=int,
                         help="evaluate on the first N questions only")
     parser.add_argument("--k", type=int, default=5, help="candidates per question (as the demo)")
+    parser.add_argument("--scoring", choices=["mmoa", "squad", "hotpotqa"],
+                        help="the evaluations' scoring profile (default: the evaluator's, mmoa; "
+                        "hotpotqa on real HotpotQA files)")
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
     parser.add_argument("--work-dir", default="saves/learning_signal")
     parser.add_argument("--sft", dest="sft_overrides", action="append", default=[],

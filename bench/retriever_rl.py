@@ -73,8 +73,10 @@ def measure(args: argparse.Namespace, client: Any, generator: Any, encoder: Path
         client.reload_encoder(None)
 
 
-def train_encoder(args: argparse.Namespace, run_dir: Path, seed: int, history: bool) -> Path:
-    """One ``retriever_rl`` run (resumed from its last checkpoint); returns its encoder."""
+def train_encoder(args: argparse.Namespace, run_dir: Path, seed: int, history: bool,
+                  config: str = CONFIG) -> Path:
+    """One ``retriever_rl`` run of ``config`` (resumed from its last checkpoint); returns its
+    encoder."""
     output = run_dir / "train"
     overrides = [f"output_dir={output}", f"seed={seed}", f"max_steps={args.steps}",
                  f"learning_rate={args.lr}", f"save_steps={args.save_steps}",
@@ -91,7 +93,7 @@ def train_encoder(args: argparse.Namespace, run_dir: Path, seed: int, history: b
     checkpoint = last_checkpoint(output)
     if checkpoint is not None:
         overrides.append(f"resume_from_checkpoint={checkpoint}")
-    train(CONFIG, overrides, run_dir / "train.log")
+    train(config, overrides, run_dir / "train.log")
     return encoder
 
 

@@ -87,17 +87,25 @@ def prepare_data(args: argparse.Namespace, work: Path) -> None:
     atomic_write_json(marker, {"world_dir": args.world_dir})
 
 
-def _rl_config() -> dict[str, Any]:
-    return yaml.safe_load((ROOT / RL_CONFIG).read_text())
+#: The evaluator's search limits where an RL config leaves them at the trainer's defaults.
+SEARCH_DEFAULTS = {"mappo_search_max_turns": 4, "mappo_search_max_queries": 3,
+                   "mappo_search_top_k": 3, "mappo_max_new_tokens_search": 128}
 
 
-def evaluate(args: argparse.Namespace, model: Path, out: Path, max_queries: int | None
-             ) -> dict[str, Any]:
-    """``--mode search_agent`` on the test split with the RL config's turn limits."""
-    rl = _rl_config()
+def _rl_config(config: str = RL_CONFIG) -> dict[str, Any]:
+    return {**SEARCH_DEFAULTS, **yaml.safe_load((ROOT / config).read_text())}
+
+
+def evaluate(args: argparse.Namespace, model: Path, out: Path, max_queries: int | None, *,
+             template: str = "smollm2", data_file: str | None = None,
+             scoring: str | None = None, rl_config: str = RL_CONFIG) -> dict[str, Any]:
+    """``--mode search_agent`` on the test split (or ``data_file``) with the turn limits of
+    ``rl_config``; the keywords let another bench (``side_by_side.py``) evaluate another
+    model, split or scoring the same way."""
+    rl = _rl_config(rl_config)
     command = [sys.executable, "evaluate/evaluate_qr_s_g.py", "--mode", "search_agent",
-               "--model_name_or_path", str(model), "--template", "smollm2",
-               "--data_file", f"{args.world_dir}/test.jsonl",
+               "--model_name_or_path", str(model), "--template", template,
+               "--data_file", data_file or f"{args.world_dir}/test.jsonl",
                "--retriever_url", args.retriever_url, "--precision", args.precision,
                "--search_max_turns", str(rl["mappo_search_max_turns"]),
                "--search_max_queries", str(max_queries or rl["mappo_search_max_queries"]),
@@ -106,6 +114,8 @@ def evaluate(args: argparse.Namespace, model: Path, out: Path, max_queries: int 
                "--output_dir", str(out)]
     if args.max_eval:
         command += ["--max_samples", str(args.max_eval)]
+    if scoring:
+        command += ["--scoring", scoring]
     run_logged(command, out / "eval.log")
     return _scored(out)
 
@@ -144,16 +154,18 @@ def summary(metrics: dict[str, Any]) -> dict[str, Any]:
             "seconds_per_question": metrics.get("seconds_per_question")}
 
 
-def train_sft(args: argparse.Namespace, arm: str, output: Path) -> None:
+def train_sft(args: argparse.Namespace, arm: str, output: Path, config: str = SFT_CONFIG
+              ) -> None:
+    """The arm's format SFT from ``config`` (``args.sft_overrides`` last, so they win)."""
     if not (output / "model.safetensors").is_file():
-        train(SFT_CONFIG, [f"dataset={ARMS[arm][0]}", f"output_dir={output}",
-                           f"max_steps={args.sft_steps}", *args.sft_overrides],
+        train(config, [f"dataset={ARMS[arm][0]}", f"output_dir={output}",
+                       f"max_steps={args.sft_steps}", *args.sft_overrides],
               output.parent / "train.log")
 
 
 def train_rl(args: argparse.Namespace, warm: Path, output: Path, seed: int,
-             extra: list[str]) -> None:
-    """One GRPO run from ``warm``, resumed from its last checkpoint."""
+             extra: list[str], config: str = RL_CONFIG) -> None:
+    """One GRPO run of ``config`` from ``warm``, resumed from its last checkpoint."""
     if (output / "model.safetensors").is_file():
         return
     overrides = [f"model_name_or_path={warm}", f"output_dir={output}", f"seed={seed}",
@@ -161,7 +173,7 @@ def train_rl(args: argparse.Namespace, warm: Path, output: Path, seed: int,
                  *extra, *args.overrides]
     if (checkpoint := last_checkpoint(output)) is not None:
         overrides += [f"resume_from_checkpoint={checkpoint}", "overwrite_output_dir=false"]
-    train(RL_CONFIG, overrides, output.parent / "train.log")
+    train(config, overrides, output.parent / "train.log")
 
 
 def _search_key(key: str) -> bool:
