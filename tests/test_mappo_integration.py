@@ -406,6 +406,99 @@ def test_sigterm_saves_the_step_and_exits_unfinished(tiny_model_dir: Path,
     assert not os.path.exists(out / "trainer_state.json")
 
 
+
+def test_abort_mid_rollout_discards_the_step_and_resumes_exactly(
+        full_run: Path, tiny_model_dir: Path, tiny_mappo_data_dir: Path, tiny_server_url: str,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGABRT (the web UI's Abort) after step 2's Query Rewriter call: no other generate call
+    runs (the stop is within one micro-step), step 2 is discarded, step 1 is saved with its
+    manifest and step_progress.json says so; resumed from it, the run ends as the
+    uninterrupted one (the discarded step's random draws were put back)."""
+    import os
+    import signal
+
+    from mmoa.train.mappo.checkpoint_files import verify_checkpoint
+    from mmoa.train.mappo.trainer import MappoTrainer, TrainingInterrupted
+    from mmoa.train.progress import PROGRESS_FILE, read_progress
+
+    original = MappoTrainer._before_generate
+    calls: list[int] = []  # the completed steps at each generate call
+
+    def before_generate(self: MappoTrainer) -> None:
+        calls.append(self.state.global_step)
+        if calls.count(1) == 2:  # step 2's second call (the Selector's)
+            os.kill(os.getpid(), signal.SIGABRT)
+        original(self)
+
+    monkeypatch.setattr(MappoTrainer, "_before_generate", before_generate)
+    out = tmp_path / "run"
+    config = _config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out, save_steps=100)
+    previous = signal.getsignal(signal.SIGABRT)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        run_mappo(config)
+    assert signal.getsignal(signal.SIGABRT) is previous
+    assert calls == [0, 0, 0, 1, 1], "a generate call ran after the stop request"
+    checkpoint = out / "checkpoint-1"
+    assert stopped.value.exit_code == 128 + signal.SIGABRT
+    assert str(stopped.value) == (
+        f"SIGABRT received: stopped after step 1, saved in {checkpoint}; resume with "
+        f"resume_from_checkpoint={checkpoint} (step 2 was under way and is discarded: a resume "
+        "runs it again)")
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]
+    assert verify_checkpoint(checkpoint)
+    assert json.loads((checkpoint / "mappo_state.json").read_text())["global_step"] == 1
+    assert not (out / "model.safetensors").exists(), "an interrupted run writes no final model"
+    record = read_progress(out / PROGRESS_FILE)
+    assert record is not None and record["state"] == "stopped"
+    assert record["completed_steps"] == 1 and record["checkpoint"] == str(checkpoint)
+
+    monkeypatch.setattr(MappoTrainer, "_before_generate", original)
+    run_mappo({**config, "resume_from_checkpoint": str(checkpoint)})
+    full = json.loads((full_run / "trainer_state.json").read_text())["log_history"]
+    resumed = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert [h["step"] for h in resumed] == [1, 2, 3]
+    for key in ("reward", "answer_f1", "loss", "policy_loss", "value_loss", "kl", "kl_coef",
+                "response_length/qr", "num_selected"):
+        assert resumed[-1][key] == pytest.approx(full[-1][key], rel=1e-4, abs=1e-5), key
+    assert read_progress(out / PROGRESS_FILE)["state"] == "finished"
+
+
+def test_abort_mid_update_ends_the_update_after_the_micro_batch(
+        tiny_model_dir: Path, tiny_mappo_data_dir: Path, tiny_server_url: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM during step 2's first micro-batch (about 12 samples in micro-batches of 4, one
+    optimiser step each): the update stops before the second, the step counts as completed with
+    the one optimiser step it made (logged ``stopped_early``) and is saved as checkpoint-2."""
+    import os
+    import signal
+
+    from mmoa.train.mappo.trainer import MappoTrainer, TrainingInterrupted
+
+    original = MappoTrainer._on_learner_progress
+    seen: list[tuple[int, str, int, int]] = []
+
+    def on_progress(self: MappoTrainer, phase: str, done: int, total: int) -> None:
+        seen.append((self.state.global_step, phase, done, total))
+        if (self.state.global_step, phase, done) == (1, "update", 1):
+            os.kill(os.getpid(), signal.SIGTERM)  # as step 2's first micro-batch ends
+        original(self, phase, done, total)
+
+    monkeypatch.setattr(MappoTrainer, "_on_learner_progress", on_progress)
+    out = tmp_path / "run"
+    with pytest.raises(TrainingInterrupted) as stopped:
+        run_mappo(_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out,
+                          save_steps=100))
+    updates = [(done, total) for step, phase, done, total in seen
+               if step == 1 and phase == "update"]
+    assert updates[-1][0] == 1 and updates[-1][1] >= 2, "a micro-batch ran after the stop"
+    checkpoint = out / "checkpoint-2"
+    assert f"stopped after step 2, saved in {checkpoint}" in str(stopped.value)
+    assert "its update stopped early" in str(stopped.value)
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+    history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    assert [h.get("stopped_early") for h in history] == [None, 1.0]
+
+
 _STOP_PROBE = """
 import os, signal, sys
 from mmoa.train.mappo.trainer import StopRequest

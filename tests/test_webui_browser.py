@@ -346,6 +346,12 @@ def test_mappo_stage_preview_start_progress_and_stop(board: Board, webui: dict,
     first = _wait_for(lambda: board.progress() > 0 and board.progress(), 180,
                       f"the progress bar (log: {output_dir / 'running_log.txt'})")
     _wait_for(lambda: board.progress() > first, 120, "the progress bar to move on")
+    # Progress inside a step: the bar's label says where the step under way is, with an ETA
+    # (from the run's step_progress.json, between the steps trainer_log.jsonl records).
+    inside = _wait_for(lambda: (t := board.text("#mmoa-train-progress_bar")) and any(
+        f"· {phase}: " in t for phase in ("rollout", "score", "update")) and "ETA" in t and t,
+        60, "the progress bar's label inside a step")
+    assert f"/{MAX_STEPS} · " in inside, inside
     board.screenshot("webui_03_progress")
     # The loss/reward plot of the run is drawn next to the log.
     assert board.find_all("#mmoa-train-loss_viewer img, #mmoa-train-loss_viewer svg,"
@@ -358,10 +364,23 @@ def test_mappo_stage_preview_start_progress_and_stop(board: Board, webui: dict,
     board.click("#mmoa-train-agent_summary")  # scroll the panels into the screenshot
     board.screenshot("webui_03b_agent_panels")
 
+    # Abort: the run stops within one micro-step; while it stops the box says after which
+    # step above the log (often too brief to see with the tiny model), and the final status says
+    # what was saved: never "Finished." for a stopped run.
+    clicked = time.monotonic()
     board.click("#mmoa-train-stop_btn")
-    _wait_for(lambda: "Finished" in board.text("#mmoa-train-output_box")
-              and not board.progress(), 120, "the run to stop after Abort")
+    final = _wait_for(lambda: (t := board.text("#mmoa-train-output_box")) and (
+        "Stopping after step" in t or "Stopped at step" in t) and t, 60,
+        "Abort to be shown")
+    if "Stopping after step" in final:
+        assert "[mappo] step 1/" in final, "the log stays visible while the run stops"
+        board.screenshot("webui_04a_stopping")
+        final = _wait_for(lambda: (t := board.text("#mmoa-train-output_box"))
+                          and "Stopped at step" in t and t, 60, "the run to stop after Abort")
+    assert time.monotonic() - clicked < 60
+    _wait_for(lambda: not board.progress(), 30, "the progress bar to go")
     board.screenshot("webui_04_stopped")
+    assert "Finished" not in final and "[mappo] step 1/" in final, final
 
     # The log box: a line per step with reward, F1 and KL; no model-config dumps.
     running_log = (output_dir / "running_log.txt").read_text()
@@ -372,13 +391,18 @@ def test_mappo_stage_preview_start_progress_and_stop(board: Board, webui: dict,
     log = [json.loads(line) for line in
            (output_dir / "trainer_log.jsonl").read_text().splitlines()]
     assert log and log[-1]["total_steps"] == MAX_STEPS
-    stopped_at = log[-1]["current_steps"]
+    progress = json.loads((output_dir / "step_progress.json").read_text())
+    assert progress["state"] == "stopped", progress
+    stopped_at = progress["completed_steps"]
     assert 2 <= stopped_at < MAX_STEPS, "Abort stopped the run early"
-    # A graceful stop: the trainer saved a checkpoint and its final adapter.
-    assert (output_dir / f"checkpoint-{stopped_at}").is_dir() or any(
-        output_dir.glob("checkpoint-*")), sorted(p.name for p in output_dir.iterdir())
-    assert (output_dir / "adapter_model.safetensors").is_file()
-    assert (output_dir / "value_head.safetensors").is_file()
+    assert log[-1]["current_steps"] == stopped_at  # a discarded step is not logged
+    # The status names the checkpoint of the last completed step, which is resumable (its
+    # manifest is written last); a stopped run is not complete: no final adapter.
+    checkpoint = output_dir / f"checkpoint-{stopped_at}"
+    assert f"Stopped at step {stopped_at}" in final and str(checkpoint) in final, final
+    assert (checkpoint / "mappo_manifest.json").is_file()
+    assert (checkpoint / "adapter_model.safetensors").is_file()
+    assert not (output_dir / "adapter_model.safetensors").exists()
 
 
 def _reference_trace(model_dir: Path, question: str, url: str, k: int) -> Any:

@@ -889,3 +889,153 @@ def test_playground_loads_questions_and_asks_with_gold(tiny_model_dir: Path,
     down = ask_for_page(session, str(tiny_model_dir), "", "llama3", "http://127.0.0.1:9", 4,
                         "rag", "a question")
     assert down[0].startswith("error: No retrieval server answers at http://127.0.0.1:9")
+
+
+# ------------------------------------------------------- progress inside a step, and Abort
+
+
+def _progress_record(out: Path, **values: Any) -> None:
+    from mmoa.train.progress import PROGRESS_FILE
+
+    record = {"state": "running", "step": 2, "completed_steps": 1, "total_steps": 3,
+              "phase": "rollout", "done": 5, "total": 16, "detail": "qr, question 5/16",
+              "percentage": 36.11, "eta_s": 70.0, "elapsed_s": 42.0,
+              "text": "step 2/3 · rollout: qr, question 5/16 · 0:42 elapsed, ETA 1:10",
+              "message": "", "checkpoint": None, "updated": 0.0, **values}
+    (out / PROGRESS_FILE).write_text(json.dumps(record))
+
+
+def _checkpoint(out: Path, step: int) -> Path:
+    folder = out / f"checkpoint-{step}"
+    folder.mkdir()
+    (folder / "mappo_manifest.json").write_text("{}")
+    return folder
+
+
+def test_the_progress_bar_follows_the_step_under_way(ui: tuple[Any, Any], tmp_path: Path) -> None:
+    """A MAPPO run's bar is its step_progress.json (rollout question, ETA) between the steps
+    trainer_log.jsonl records; an ended run's record, or another stage, leaves LlamaBoard's."""
+    from llamafactory.webui import runner
+
+    (tmp_path / "training_args.yaml").write_text("stage: mappo\n")
+    _, progress, _ = runner.get_trainer_info("en", str(tmp_path), True)
+    assert progress.visible is False  # nothing yet
+    _progress_record(tmp_path)
+    _, progress, _ = runner.get_trainer_info("en", str(tmp_path), True)
+    assert progress.value == 36.11 and progress.visible is True
+    assert progress.label == ("Running step 2/3 · rollout: qr, question 5/16 · 0:42 elapsed, "
+                              "ETA 1:10")
+    _progress_record(tmp_path, state="stopping",
+                     text="step 2/3 · update: micro-batch 3/8 · 0:50 elapsed, ETA 1:00 · stop "
+                          "requested: stopping after the current micro-step")
+    _, progress, _ = runner.get_trainer_info("en", str(tmp_path), True)
+    assert progress.label == "Stopping step 2/3 · update: micro-batch 3/8 · 0:50 elapsed, ETA 1:00"
+    _progress_record(tmp_path, state="stopped")
+    _, progress, _ = runner.get_trainer_info("en", str(tmp_path), True)
+    assert progress.visible is False
+    _progress_record(tmp_path)
+    (tmp_path / "training_args.yaml").write_text("stage: sft\n")
+    _, progress, _ = runner.get_trainer_info("en", str(tmp_path), True)
+    assert progress.visible is False
+
+
+def test_the_stopping_line_says_after_which_step() -> None:
+    from mmoa.webui.run_status import stopping_line
+
+    again = "Press Abort again to stop at once"
+    rollout = stopping_line({"step": 3, "phase": "rollout"})
+    assert rollout.startswith("**Stopping after step 2**: step 3's rollout is discarded (a "
+                              "resume runs it again); checkpoint-2 is saved.") and again in rollout
+    update = stopping_line({"step": 3, "phase": "update"})
+    assert update.startswith("**Stopping after step 3**: step 3's update ends after the current "
+                             "micro-batch; checkpoint-3 is saved.")
+    first = stopping_line({"step": 1, "phase": "score"})
+    assert "**Stopping after step 0**" in first and "nothing will be saved" in first
+    begun = stopping_line({"step": 3, "completed_steps": 2, "phase": None})
+    assert begun.startswith("**Stopping after step 2**: step 3 is discarded")
+    ended = stopping_line({"step": 3, "completed_steps": 3, "phase": None, "state": "stopped"})
+    assert ended.startswith("**Stopping after step 3**: step 4 is discarded")
+    assert stopping_line(None).startswith("**Stopping** after the current micro-step")
+
+
+def test_the_final_status_says_what_was_saved(tmp_path: Path) -> None:
+    """Never "Finished." for a stopped run: the checkpoint (or that nothing was saved), also
+    after a second Abort killed the run; a failure keeps LlamaBoard's report (None)."""
+    from mmoa.webui.run_status import final_status
+
+    checkpoint = tmp_path / "checkpoint-2"
+    note = "step 3 was under way and is discarded: a resume runs it again"
+    _progress_record(tmp_path, state="stopped", completed_steps=2, step=3,
+                     checkpoint=str(checkpoint), message=f"SIGABRT received: ... ({note})",
+                     note=note)
+    assert final_status(tmp_path, 134, aborted=True) == (
+        f"**Stopped at step 2**, checkpoint `{checkpoint}` (resume with "
+        f"`resume_from_checkpoint: {checkpoint}`); {note}.")
+    # a scheduler's SIGTERM: the same, though the UI did not abort
+    assert final_status(tmp_path, 143, aborted=False).startswith("**Stopped at step 2**")
+    nothing = "SIGABRT received during step 1: stopped before any step completed, so nothing " \
+              "was saved"
+    _progress_record(tmp_path, state="stopped", completed_steps=0, step=1, message=nothing)
+    assert final_status(tmp_path, 134, aborted=True) == \
+        f"**Stopped; nothing was saved.** {nothing}"
+    _progress_record(tmp_path, state="finished", step=3, completed_steps=3,
+                     message=f"finished 3 steps; checkpoint {tmp_path / 'checkpoint-3'}")
+    assert final_status(tmp_path, 0, aborted=False) == (
+        f"**Finished.** finished 3 steps; checkpoint {tmp_path / 'checkpoint-3'}; final model "
+        f"in `{tmp_path}`.")
+    # the second Abort killed it while stopping: the newest complete checkpoint is named
+    _progress_record(tmp_path, state="stopping", step=3)
+    assert final_status(tmp_path, -6, aborted=True) == \
+        "**Stopped at once** during step 3 (killed by SIGABRT): nothing was saved."
+    newest = _checkpoint(tmp_path, 2)
+    _checkpoint(tmp_path, 1)
+    (tmp_path / "checkpoint-3").mkdir()  # being written when it died: no manifest
+    assert final_status(tmp_path, -6, aborted=True) == (
+        f"**Stopped at once** during step 3 (killed by SIGABRT); the newest checkpoint is "
+        f"`{newest}` (step 2): resume with `resume_from_checkpoint: {newest}`.")
+    _progress_record(tmp_path, state="failed", message="retrieval failed at step 2")
+    assert final_status(tmp_path, 1, aborted=False) is None
+
+
+def test_abort_keeps_the_log_and_ends_with_what_was_saved(engine: Any, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the patched monitor: while an aborted MAPPO run stops, the box says after which
+    step above the run's log and the bar stays (LlamaBoard showed "Aborted, wait for
+    terminating..." alone); the last update says what was saved instead of "Finished."."""
+    import gradio as gr
+    from llamafactory.webui.locales import ALERTS
+
+    from mmoa.webui.patches import _wrap_monitor
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "training_args.yaml").write_text("stage: mappo\n")
+    (out / "running_log.txt").write_text("[mappo] step 1/3: reward 0.100\n")
+    _progress_record(out, state="stopping")
+    runner, get = engine.runner, engine.manager.get_elem_by_id
+    box, bar = get("train.output_box"), get("train.progress_bar")
+
+    class Process:
+        returncode = 134
+
+    def original(self: Any) -> Any:
+        yield {box: ALERTS["info_aborting"]["en"], bar: gr.Slider(visible=False)}
+        checkpoint = out / "checkpoint-1"
+        _progress_record(out, state="stopped", checkpoint=str(checkpoint),
+                         message=f"SIGABRT received: stopped after step 1, saved in {checkpoint}")
+        self.running, self.aborted = False, False  # LlamaBoard's _finalize
+        yield {box: "Finished.\n\n```\n[mappo] step 1/3: reward 0.100\n```\n",
+               bar: gr.Slider(visible=False)}
+
+    monkeypatch.setattr(runner, "trainer", Process())
+    runner.running, runner.aborted, runner.do_train = True, True, True
+    runner.running_data = _form(engine, train__output_dir=str(out))
+    try:
+        stopping, final = list(_wrap_monitor(original)(runner))
+    finally:
+        runner.running, runner.aborted, runner.running_data = False, False, None
+    assert stopping[box].startswith("**Stopping after step 1**: step 2's rollout is discarded")
+    assert "[mappo] step 1/3: reward 0.100" in stopping[box]  # the log stays
+    assert stopping[bar].visible is True and stopping[bar].label.startswith("Stopping step 2/3")
+    assert final[box].startswith(f"**Stopped at step 1**, checkpoint `{out / 'checkpoint-1'}`")
+    assert "Finished." not in final[box] and "reward 0.100" in final[box]

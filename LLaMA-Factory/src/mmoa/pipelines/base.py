@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from mmoa.evaluation import EvalConfig
     from mmoa.train.mappo.args import MappoArguments
     from mmoa.train.mappo.samples import Sample
+    from mmoa.train.progress import RolloutStage
 
 #: The stage of :class:`Timings` that is retrieval; every other stage is generation.
 RETRIEVE = "retrieve"
@@ -85,6 +86,12 @@ class Pipeline(Protocol):
                 retriever: DocumentRetriever, args: MappoArguments,
                 questions: Sequence[str]) -> Batch:
         """One MAPPO step's sampled runs, ``args.rollouts_per_question`` per question."""
+        ...
+
+    def rollout_stages(self, args: MappoArguments, questions: int) -> tuple[RolloutStage, ...]:
+        """The rows each stage of a rollout of ``questions`` questions generates, in order:
+        the trainer counts the policy's generate calls against them (progress inside a step,
+        :mod:`mmoa.train.progress`); the pipeline itself reports nothing."""
         ...
 
     def samples(self, records: Sequence[QARecord], traces: Sequence[Any], args: MappoArguments

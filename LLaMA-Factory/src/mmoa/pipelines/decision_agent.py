@@ -33,7 +33,7 @@ from mmoa.data.records import QARecord
 from mmoa.metrics import DEFAULT_PROFILE, score_answer
 from mmoa.pipelines.base import Batch, Evaluator, Timings, register_pipeline
 from mmoa.pipelines.scoring import rouge_l
-from mmoa.pipelines.search_agent import multiturn_evaluator, trajectory_samples
+from mmoa.pipelines.search_agent import multiturn_evaluator, trajectory_samples, turn_stages
 
 if TYPE_CHECKING:
     from mmoa.agents.decision_agent import DecisionAgentPipeline
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from mmoa.train.mappo.args import MappoArguments
     from mmoa.train.mappo.rewards import DecisionReward
     from mmoa.train.mappo.samples import Sample
+    from mmoa.train.progress import RolloutStage
 
 #: The one agent name of the decision agent's samples (logs: ``response_length/decision``).
 DECISION_AGENT = "decision"
@@ -130,6 +131,10 @@ class DecisionAgentSpec:
         decider = decision_pipeline(policy, tokenizer, renderer, retriever, args)
         trajectories = decider.run(list(questions), group_size=args.rollouts_per_question)
         return Batch(trajectories, Timings(dict(decider.last_timings)))
+
+    def rollout_stages(self, args: MappoArguments, questions: int) -> tuple[RolloutStage, ...]:
+        # training samples the decision (policy "model"): rounds 0 .. max_searches
+        return turn_stages("decision", questions, args, args.mappo_decision_max_searches + 1)
 
     def samples(self, records: Sequence[QARecord], traces: Sequence[Any],
                 args: MappoArguments) -> tuple[list[Sample], dict[str, float]]:

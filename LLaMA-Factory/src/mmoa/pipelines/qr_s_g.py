@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from mmoa.train.mappo.args import MappoArguments
     from mmoa.train.mappo.rewards import PenaltyConfig
     from mmoa.train.mappo.samples import Sample
+    from mmoa.train.progress import RolloutStage
 
 #: The agents whose statistics every step logs (whichever of them are optimised).
 AGENTS = ("qr", "selector", "generator")
@@ -111,6 +112,15 @@ class QrSGPipeline:
                                batch_size=args.mappo_rollout_batch_size)
         traces = pipeline.run(list(questions), group_size=args.rollouts_per_question)
         return Batch(traces, Timings(pipeline.last_timings.as_dict()))
+
+    def rollout_stages(self, args: MappoArguments, questions: int) -> tuple[RolloutStage, ...]:
+        """Each agent generates one row per pipeline (a question, or one of its group's
+        rollouts), agent after agent."""
+        from mmoa.train.progress import RolloutStage
+
+        copies = args.rollouts_per_question
+        unit = "question" if copies == 1 else "rollout"
+        return tuple(RolloutStage(agent, questions * copies, unit) for agent in AGENTS)
 
     def samples(self, records: Sequence[QARecord], traces: Sequence[Trace],
                 args: MappoArguments) -> tuple[list[Sample], dict[str, float]]:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from mmoa.evaluation import EvalConfig
     from mmoa.train.mappo.args import MappoArguments
     from mmoa.train.mappo.samples import Sample
+    from mmoa.train.progress import RolloutStage
 
 #: The one agent name of the search agent's samples (logs: ``response_length/search``).
 SEARCH_AGENT = "search"
@@ -183,6 +184,17 @@ def multiturn_evaluator(pipeline: SearchAgentPipeline) -> Evaluator:
     return run
 
 
+def turn_stages(agent: str, questions: int, args: MappoArguments,
+                rounds: int) -> tuple[RolloutStage, ...]:
+    """A multi-turn agent's rollout as one stage: each of its ``questions * group size``
+    trajectories generates once per round, for at most ``rounds`` rounds (most answer sooner,
+    so the total is a bound). Shared by the search and the decision agent."""
+    from mmoa.train.progress import RolloutStage
+
+    return (RolloutStage(f"{agent} turns", questions * args.rollouts_per_question * rounds,
+                         "generation", exact=False),)
+
+
 @register_pipeline("search_agent")
 class SearchAgentSpec:
     """One policy that searches with up to ``mappo_search_max_queries`` queries per turn."""
@@ -200,6 +212,10 @@ class SearchAgentSpec:
         searcher = search_pipeline(policy, tokenizer, renderer, retriever, args)
         trajectories = searcher.run(list(questions), group_size=args.rollouts_per_question)
         return Batch(trajectories, Timings(dict(searcher.last_timings)))
+
+    def rollout_stages(self, args: MappoArguments, questions: int) -> tuple[RolloutStage, ...]:
+        # rounds 0 .. max_turns: the last one forces an answer
+        return turn_stages(SEARCH_AGENT, questions, args, args.mappo_search_max_turns + 1)
 
     def samples(self, records: Sequence[QARecord], traces: Sequence[Any],
                 args: MappoArguments) -> tuple[list[Sample], dict[str, float]]:

@@ -11,12 +11,25 @@ import signal
 from typing import Any
 
 
+class StepAbandoned(Exception):
+    """Raised inside a step when a stop was requested before the step changed any weight (its
+    rollout, or the update before its first optimiser step): the loop discards the step,
+    puts the random state back as it was when the step began and saves the last completed
+    step, so that a resume runs the abandoned step exactly as an uninterrupted run would."""
+
+
 class StopRequest:
-    """The SIGINT/SIGTERM handler: the first signal asks the loop to stop after the current
-    step (with a checkpoint); a second one ends the process at once, as it would unhandled."""
+    """The SIGINT/SIGTERM (and, for MAPPO, SIGABRT: LlamaBoard's Abort) handler: the first
+    signal asks the loop to stop (the MAPPO loop checks between generate calls and between
+    micro-batches, the others after the step), with a checkpoint; a second one ends the
+    process at once, as it would unhandled (the web UI's second Abort)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
 
     def __call__(self, signum: int, _frame: Any) -> None:
         if self.signum is not None:

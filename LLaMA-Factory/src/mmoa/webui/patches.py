@@ -45,7 +45,12 @@ our UI with theirs). Instead :func:`apply_patches` changes a few module-level na
     ``trainer_log.jsonl``;
 12. ``locales.LOCALES`` title and subtitle say what this is (and, without a GPU, that runs use
     the CPU, once), and ``runner.is_accelerator_available`` stops LlamaBoard's "CUDA environment
-    was not detected" toast on every Start.
+    was not detected" toast on every Start;
+13. a MAPPO run's progress bar follows the step under way from ``step_progress.json``
+    (rollout questions, update micro-batches, ETA; :mod:`mmoa.webui.run_status`), and
+    ``Runner.monitor`` shows an Abort as "Stopping after step N" above the log (a second Abort
+    kills the run at once) and ends with what was saved ("Stopped at step N, checkpoint ...",
+    never "Finished." when nothing was).
 
 It also makes the defaults CPU-friendly when no accelerator is present: fp32 instead of bf16,
 and no more preprocessing workers than cores.
@@ -53,6 +58,7 @@ and no more preprocessing workers than cores.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -283,6 +289,11 @@ def _wrap_launch(original: Callable[..., Any]) -> Callable[..., Any]:
         if not report.ok:
             yield {get("train.output_box"): refusal_line(report)}
             return
+        from mmoa.webui.run_status import progress_path
+
+        # the previous run's progress (its "stopped at step N") must not show for this one
+        with contextlib.suppress(OSError):
+            progress_path(self._parse_train_args(data)["output_dir"]).unlink()
         yield {get("train.loss_viewer"): None}
         yield from original(self, data, do_train)
 
@@ -345,10 +356,40 @@ def _readable_failure(text: str) -> tuple[str, str] | None:
 
 
 def _wrap_monitor(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A failed run's readable report (9.) and, for a MAPPO run, what Abort does (13.): while
+    the run stops, the output box says after which step and keeps the log, the progress bar
+    stays; the final text says what was saved instead of "Finished." (LlamaBoard says that for
+    every aborted run, saved or not)."""
     def monitor(self: Any) -> Any:
+        from llamafactory.webui.locales import ALERTS
+
+        from mmoa.webui.run_status import final_status
+
         output_box = self.manager.get_elem_by_id("train.output_box")
+        process = getattr(self, "trainer", None)  # _finalize clears it before the last update
+        output_path: str | None = None
+        lang = "en"
+        if getattr(self, "do_train", False) and getattr(self, "running_data", None) is not None:
+            try:
+                path, stage = run_output_path(self)
+                lang = self.running_data[self.manager.get_elem_by_id("top.lang")] or "en"
+            except (KeyError, TypeError):
+                path, stage = "", None
+            output_path = path if stage == MAPPO_STAGE else None
+        aborted = False
         for update in original(self):
             text = update.get(output_box) if isinstance(update, dict) else None
+            aborted = aborted or bool(getattr(self, "aborted", False))
+            if output_path is not None and self.running and self.aborted \
+                    and text == ALERTS["info_aborting"].get(lang, ALERTS["info_aborting"]["en"]):
+                yield _stopping_update(self, output_path, lang)
+                continue
+            if output_path is not None and not self.running and isinstance(text, str):
+                status = final_status(output_path, process.returncode if process else None,
+                                      aborted)
+                if status is not None:
+                    yield {**update, output_box: _with_status(status, text, lang)}
+                    continue
             failure = _readable_failure(text) if isinstance(text, str) else None
             if failure is not None:
                 import gradio as gr
@@ -361,22 +402,64 @@ def _wrap_monitor(original: Callable[..., Any]) -> Callable[..., Any]:
     return monitor
 
 
+def _stopping_update(runner: Any, output_path: str, lang: str) -> dict[Any, Any]:
+    """The monitor's update while an aborted MAPPO run stops: the stopping line above the
+    run's log, the progress bar and the plot as while it ran."""
+    from llamafactory.webui import runner as runner_module
+
+    from mmoa.train.progress import read_progress
+    from mmoa.webui.run_status import progress_path, stopping_line
+
+    get = runner.manager.get_elem_by_id
+    running_log, progress, info = runner_module.get_trainer_info(lang, output_path, True)
+    update = {get("train.output_box"): stopping_line(read_progress(progress_path(output_path)))
+              + "\n\n" + running_log,
+              get("train.progress_bar"): progress}
+    if "loss_viewer" in info:
+        update[get("train.loss_viewer")] = info["loss_viewer"]
+    return update
+
+
+def _with_status(status: str, text: str, lang: str) -> str:
+    """LlamaBoard's final text with its head ("Finished." / "Failed. Exit code: N") replaced
+    by ``status``; what followed (the log, or the failure's last lines) stays under it."""
+    from llamafactory.webui.locales import ALERTS
+
+    finished = ALERTS["info_finished"].get(lang, ALERTS["info_finished"]["en"])
+    if text.startswith(finished):
+        return status + text[len(finished):]
+    failure = _readable_failure(text)
+    return f"{status}\n\n{failure[0] if failure is not None else text}"
+
+
 # ------------------------------------------------------------------------ 5. reward plot
 
 
 def _wrap_trainer_info(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Our stages' plot, and a MAPPO run's progress bar from its ``step_progress.json``
+    (where the step under way is, with elapsed time and ETA) instead of from the last logged
+    step."""
     def get_trainer_info(lang: str, output_path: Any, do_train: bool) -> Any:
         running_log, progress, info = original(lang, output_path, do_train)
-        if do_train and "loss_viewer" in info:
-            from llamafactory.extras.constants import TRAINER_LOG, TRAINING_ARGS
+        if not do_train:
+            return running_log, progress, info
+        from llamafactory.extras.constants import TRAINER_LOG, TRAINING_ARGS
 
-            if read_stage(os.path.join(output_path, TRAINING_ARGS)) in OUR_STAGES:
-                import gradio as gr
+        if read_stage(os.path.join(output_path, TRAINING_ARGS)) not in OUR_STAGES:
+            return running_log, progress, info
+        import gradio as gr
 
-                from mmoa.webui.plots import mappo_plot, read_trainer_log
+        if "loss_viewer" in info:
+            from mmoa.webui.plots import mappo_plot, read_trainer_log
 
-                log = read_trainer_log(os.path.join(output_path, TRAINER_LOG))
-                info["loss_viewer"] = gr.Plot(mappo_plot(log))
+            log = read_trainer_log(os.path.join(output_path, TRAINER_LOG))
+            info["loss_viewer"] = gr.Plot(mappo_plot(log))
+        from mmoa.webui.run_status import live_record, progress_label
+
+        record = live_record(output_path)
+        if record is not None:
+            progress = gr.Slider(label=progress_label(record),
+                                 value=float(record.get("percentage") or 0.0), visible=True)
         return running_log, progress, info
 
     return get_trainer_info

@@ -65,6 +65,7 @@ from mmoa.train.mappo.samples import (
     minibatches,
 )
 from mmoa.train.mappo.value_head import ValueHead
+from mmoa.train.stop import StepAbandoned
 
 #: Why the learner left a mini-batch update out (see ``PPOLearner._agreed_skip``).
 NONFINITE = "nonfinite"
@@ -333,6 +334,17 @@ class PPOLearner:
         self.no_sync = no_sync
         #: Samples the last ``prepare`` dropped for an empty response.
         self.dropped_empty = 0
+        #: Hooks the trainer sets (progress inside a step and the stop request): called with
+        #: ``(phase, done, total)`` after each forward batch of :meth:`prepare` (``"score"``)
+        #: and each micro-batch of :meth:`update` (``"update"``). Neither draws a random
+        #: number, so a run with hooks computes exactly what one without does.
+        self.on_progress: Callable[[str, int, int], None] | None = None
+        #: Asked before each forward batch and micro-batch; under an engine or with several
+        #: processes only before each accumulation group (the engine counts micro-batches, and
+        #: the processes must agree: the trainer's answer is the same on every one), and not
+        #: during :meth:`prepare` (ZeRO-3 forward passes are collective).
+        self.stop_requested: Callable[[], bool] | None = None
+        self._stop_anywhere = not engine_steps and all_reduce is None and no_sync is None
         if config.spec.kl == "loss":  # the k3 loss weight: a setting, saved for the record
             self.kl_ctl: AdaptiveKLController | FixedKLController = FixedKLController(
                 config.kl_loss_coef)
@@ -374,13 +386,20 @@ class PPOLearner:
         was_training = policy.training
         policy.eval()
         old, ref, values = [], [], []
-        for _, batch in self._chunks(samples):
+        chunks = math.ceil(len(samples) / self.config.forward_batch_size)
+        self._report("score", 0, chunks)
+        for index, (_, batch) in enumerate(self._chunks(samples)):
+            if self._stop_anywhere and self.stop_requested is not None \
+                    and self.stop_requested():
+                policy.train(was_training)
+                raise StepAbandoned("stop requested while scoring the rollout")
             logprobs, value, _ = policy(batch)
             old.append(logprobs)
             if value is not None:
                 values.append(value)
             if with_ref:
                 ref.append(policy.reference_logprobs(batch))
+            self._report("score", index + 1, chunks)
         policy.train(was_training)
         full = collate(samples, self.pad_id).to(self.device)
         width = full.response_mask.shape[1]
@@ -399,25 +418,46 @@ class PPOLearner:
 
     def update(self, rollout: Rollout) -> dict[str, float]:
         """``ppo_epochs`` epochs of mini-batch updates; returns averaged statistics, with
-        ``entropy/<agent>`` the mean over each agent's response tokens of every update."""
+        ``entropy/<agent>`` the mean over each agent's response tokens of every update.
+
+        A stop request (:attr:`stop_requested`) ends the update before the next micro-batch,
+        dropping the gradients of an unfinished accumulation group: before any optimiser
+        step it raises :class:`~mmoa.train.stop.StepAbandoned` (nothing changed, the step can
+        be discarded); after one the statistics of the groups that ran come back with
+        ``stopped_early`` = 1 and ``updates`` = those groups."""
         cfg = self.config
         self.model.train()
         stats: dict[str, list[float]] = defaultdict(list)
         n = len(rollout.samples)
         micro = max(1, cfg.mini_batch_size)
         skipped = ratio_skips = 0
+        per_epoch = math.ceil(n / micro)
+        total = cfg.ppo_epochs * per_epoch
+        done = groups = changed = 0
+        stopped = False
+        self._report("update", 0, total)
         for _ in range(cfg.ppo_epochs):
             batches = minibatches(n, micro, self.generator)
             for start in range(0, len(batches), cfg.gradient_accumulation_steps):
                 group = batches[start: start + cfg.gradient_accumulation_steps]
+                if self._should_stop():
+                    stopped = True
+                    break
                 if self.engine_steps:
                     reasons = self._engine_group(rollout, group, stats)
                     skipped += NONFINITE in reasons
                     ratio_skips += RATIO in reasons
+                    done += len(group)
+                    groups += 1
+                    changed += 1  # the engine stepped (its counters, at the least)
+                    self._report("update", done, total)
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
                 skip: str | None = None
                 for position, indices in enumerate(group):
+                    if position and self._stop_anywhere and self._should_stop():
+                        stopped = True
+                        break
                     loss, step_stats = self._loss(rollout, indices, len(group))
                     skip = self._agreed_skip(loss, step_stats)
                     if skip is not None:
@@ -427,6 +467,12 @@ class PPOLearner:
                         self.backward(loss)
                     for key, value in step_stats.items():
                         stats[key].append(value)
+                    done += 1
+                    self._report("update", done, total)
+                if stopped:  # the group's gradients so far are dropped, never applied
+                    self.optimizer.zero_grad(set_to_none=True)
+                    break
+                groups += 1
                 if skip is not None:
                     self.optimizer.zero_grad(set_to_none=True)
                     skipped += skip == NONFINITE
@@ -439,13 +485,28 @@ class PPOLearner:
                     continue
                 stats["grad_norm"].append(float(grad_norm) if grad_norm is not None else 0.0)
                 self.optimizer.step()
+                changed += 1
+            if stopped:
+                break
+        if stopped and not changed:
+            raise StepAbandoned("stop requested before the update's first optimiser step")
         out = fold_agent_token_means(stats)
         out.update({k: sum(v) / len(v) for k, v in stats.items() if v})
         out["skipped_updates"] = float(skipped)
         out["ratio_skips"] = float(ratio_skips)
         out["updates"] = float(cfg.ppo_epochs * math.ceil(len(range(0, n, micro))
                                                           / cfg.gradient_accumulation_steps))
+        if stopped:
+            out["updates"] = float(groups)
+            out["stopped_early"] = 1.0
         return out
+
+    def _should_stop(self) -> bool:
+        return self.stop_requested is not None and self.stop_requested()
+
+    def _report(self, phase: str, done: int, total: int) -> None:
+        if self.on_progress is not None:
+            self.on_progress(phase, done, total)
 
     def _engine_group(self, rollout: Rollout, group: list[list[int]],
                       stats: dict[str, list[float]]) -> set[str]:

@@ -79,7 +79,17 @@ from mmoa.train.mappo.learner import (
 )
 from mmoa.train.mappo.log import in_web_ui, mappo_logger, step_summary
 from mmoa.train.mappo.samples import Sample
-from mmoa.train.stop import StopRequest
+from mmoa.train.progress import (
+    FAILED,
+    FINISHED,
+    PROGRESS_FILE,
+    STOPPED,
+    ConsoleLine,
+    RolloutCounter,
+    StepProgress,
+    WatchedPolicy,
+)
+from mmoa.train.stop import StepAbandoned, StopRequest
 
 if TYPE_CHECKING:
     from mmoa.agents.pipeline import DocumentRetriever
@@ -98,14 +108,25 @@ class TrainingStopped(RuntimeError):
 
 
 class TrainingInterrupted(TrainingStopped):
-    """SIGINT or SIGTERM: the step under way finished and was saved; the run is not complete,
-    so no final model is written and the process exits with 128 + the signal's number."""
+    """SIGINT, SIGTERM or SIGABRT (the web UI's Abort): the run stopped within one micro-step
+    and the last completed step ``step`` is saved in ``checkpoint`` (``None``: no step had
+    completed, nothing was saved). ``note`` says what became of the step under way. The run is
+    not complete, so no final model is written and the process exits with 128 + the signal's
+    number."""
 
-    def __init__(self, signum: int, step: int, checkpoint: Path) -> None:
-        super().__init__(f"{signal.Signals(signum).name} received: stopped after step {step}, "
-                         f"saved in {checkpoint}; resume with "
-                         f"resume_from_checkpoint={checkpoint}")
+    def __init__(self, signum: int, step: int, checkpoint: Path | None, note: str = "") -> None:
+        name = signal.Signals(signum).name
+        if checkpoint is None:
+            text = (f"{name} received during step {step + 1}: stopped before any step "
+                    "completed, so nothing was saved")
+        else:
+            text = (f"{name} received: stopped after step {step}, saved in {checkpoint}; "
+                    f"resume with resume_from_checkpoint={checkpoint}")
+        super().__init__(f"{text} ({note})" if note else text)
         self.signum = signum
+        self.step = step
+        self.checkpoint = checkpoint
+        self.note = note
         self.exit_code = 128 + signum
 
 
@@ -183,6 +204,10 @@ class MappoTrainer(Trainer):
         #: e.g. the joint option's query encoder (:mod:`.joint_retriever`).
         self.checkpoint_companions: list[Any] = []
         self._stop = StopRequest()
+        #: Progress inside the step under way (:mod:`mmoa.train.progress`); set by
+        #: :meth:`mappo_train`, ``None`` outside it (nothing is watched then).
+        self._progress: StepProgress | None = None
+        self._stop_noticed = False
         self._nonfinite_in_a_row = 0
         #: Warns when an agent's statistic drifts from its first step's (a Selector collapse).
         self.drift = DriftMonitor()
@@ -227,10 +252,23 @@ class MappoTrainer(Trainer):
 
     def _rollout(self, policy: Any, records: Sequence[QARecord]) -> tuple[list[Any], Timings]:
         policy.eval()
-        batch = self.mappo_args.pipeline.rollout(
+        pipeline = self.mappo_args.pipeline
+        if self._progress is not None:
+            # progress and the stop request between generate calls, for every pipeline alike
+            counter = RolloutCounter(self._progress,
+                                     pipeline.rollout_stages(self.mappo_args, len(records)))
+            policy = WatchedPolicy(policy, self._before_generate, counter.add)
+        batch = pipeline.rollout(
             policy, self.processing_class, self.renderer, self.retriever, self.mappo_args,
             [r.question for r in records])
         return batch.traces, batch.timings
+
+    def _before_generate(self) -> None:
+        """Ahead of each generate call of a rollout: abandon the step when a stop was asked
+        for. One process only: the processes of a distributed run decide together after the
+        rollout (a ZeRO-3 generate call is collective, one process cannot leave alone)."""
+        if self.args.world_size <= 1 and self._stop_requested():
+            raise StepAbandoned("stop requested during the rollout")
 
     def make_samples(self, records: Sequence[QARecord], traces: Sequence[Any]
                      ) -> tuple[list[Sample], dict[str, float]]:
@@ -307,9 +345,15 @@ class MappoTrainer(Trainer):
             generator=torch.Generator().manual_seed(self.args.seed),
             **drive,
         )
+        learner.on_progress = self._on_learner_progress
+        learner.stop_requested = self._stop_requested
         start_step = 0
         if resume_from_checkpoint:
             start_step = self.load_mappo_checkpoint(resume_from_checkpoint, learner)
+            if Path(resume_from_checkpoint).resolve().parent == \
+                    Path(self.args.output_dir).resolve():
+                # a stop before the next step completes need not write it again
+                self._saved_step = start_step
             # baselines of the run's first step; what was warned about stays warned
             self.drift.replay(self.state.log_history)
         self.state.max_steps = self.total_steps
@@ -319,14 +363,25 @@ class MappoTrainer(Trainer):
         self.state.is_local_process_zero = self.is_local_process_zero()
         self.state.is_world_process_zero = self.is_world_process_zero()
         self.control = self.callback_handler.on_train_begin(self.args, self.state, self.control)
+        self._progress = self._make_progress()
         previous = self._install_signal_handlers()
         interrupted: TrainingInterrupted | None = None
-        # Progress: Trainer's ProgressCallback draws the bar from on_step_end / on_log.
+        # Progress: Trainer's ProgressCallback draws the bar from on_step_end / on_log; inside
+        # a step, self._progress (step_progress.json and the bar's postfix).
         try:
             for step in range(start_step, self.total_steps):
-                logs = self._train_step(step, learner)
+                self._progress.begin_step(step + 1)
+                try:
+                    logs = self._train_step(step, learner)
+                except StepAbandoned:
+                    # Nothing of the step changed a weight: it is discarded (RNG put back by
+                    # _train_step) and the last completed step is saved.
+                    interrupted = self._interrupted(learner, f"step {step + 1} was under way "
+                                                    "and is discarded: a resume runs it again")
+                    break
                 self.state.global_step = step + 1
                 self.state.epoch = (step + 1) / self.steps_per_epoch
+                self._progress.end_step()
                 self.control = self.callback_handler.on_step_end(self.args, self.state,
                                                                  self.control)
                 if (step + 1) % self.args.logging_steps == 0 or step == 0 \
@@ -335,27 +390,105 @@ class MappoTrainer(Trainer):
                     if in_web_ui() and self.is_world_process_zero():
                         mappo_logger().info(step_summary(step + 1, self.total_steps, logs))
                 should_save = self.args.save_steps and (step + 1) % self.args.save_steps == 0
-                if should_save or self._stop.signum is not None:
-                    checkpoint = self.save_mappo_checkpoint(learner)
-                if self._stop.signum is not None:
-                    interrupted = TrainingInterrupted(self._stop.signum, step + 1, checkpoint)
-                    break
-                if self.control.should_training_stop:  # max_steps, or the web UI's Abort
+                if should_save:
                     self.save_mappo_checkpoint(learner)
+                if self._stop_requested():
+                    note = ("its update stopped early: only the optimiser steps made before the "
+                            "stop request were applied") if logs.get("stopped_early") else ""
+                    interrupted = self._interrupted(learner, note)
                     break
+                if self.control.should_training_stop:  # max_steps
+                    checkpoint = self.save_mappo_checkpoint(learner)
+                    self._progress.finish(FINISHED, f"finished at step {step + 1}/"
+                                          f"{self.total_steps}; checkpoint {checkpoint}",
+                                          checkpoint)
+                    break
+            else:  # nothing left to run (resumed from the last step's checkpoint)
+                self._progress.finish(FINISHED, f"finished at step {self.state.global_step}/"
+                                      f"{self.total_steps}")
+        except TrainingStopped as err:
+            self._progress.finish(FAILED, str(err))
+            raise
+        except Exception as err:
+            self._progress.finish(FAILED, f"{type(err).__name__}: {err}")
+            raise
         finally:
             self._restore_signal_handlers(previous)
+        if interrupted is not None:
+            self._progress.finish(STOPPED, str(interrupted), interrupted.checkpoint,
+                                  interrupted.note)
         self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
         if interrupted is not None:
             raise interrupted
 
+    def _interrupted(self, learner: PPOLearner, note: str) -> TrainingInterrupted:
+        """Saves the last completed step (none when no step completed) and says so."""
+        assert self._stop.signum is not None or self.args.world_size > 1
+        checkpoint = self.save_mappo_checkpoint(learner) if self.state.global_step > 0 \
+            else None
+        # another process's signal stopped this one: name the signal as SIGTERM
+        signum = self._stop.signum if self._stop.signum is not None else int(signal.SIGTERM)
+        return TrainingInterrupted(signum, self.state.global_step, checkpoint, note)
+
+    # -- progress and the stop request ---------------------------------------------------------
+
+    def _make_progress(self) -> StepProgress:
+        """``step_progress.json`` in the output folder (main process only) and the postfix of
+        the step bar (or, under the web UI and without a bar, a log line every 30 s)."""
+        main = self.is_world_process_zero()
+        path = Path(self.args.output_dir) / PROGRESS_FILE if main else None
+        console = None
+        if main:
+            def bar() -> Any:
+                if in_web_ui():  # LlamaBoard's bar reads step_progress.json instead
+                    return None
+                from transformers.trainer_callback import ProgressCallback
+
+                for callback in self.callback_handler.callbacks:
+                    if isinstance(callback, ProgressCallback):
+                        return callback.training_bar
+                return None
+
+            console = ConsoleLine(bar, mappo_logger().info)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        return StepProgress(path, self.total_steps, console=console)
+
+    def _on_learner_progress(self, phase: str, done: int, total: int) -> None:
+        if self._progress is None:
+            return
+        if self._progress.phase != phase:
+            self._progress.begin_phase(phase, total)
+        self._progress.advance(done)
+
+    def _stop_requested(self) -> bool:
+        """Whether a stop was asked for: on this process, or with several processes on any
+        (an agreed answer: every process must call it at the same points)."""
+        requested = self._any_process(self._stop.requested)
+        if requested and not self._stop_noticed:
+            self._stop_noticed = True
+            if self._progress is not None:
+                self._progress.stopping("stop requested: stopping after the current micro-step "
+                                        "with a checkpoint of the last completed step")
+        return requested
+
     def _train_step(self, step: int, learner: PPOLearner) -> dict[str, float]:
+        records = self.step_records(step)
+        # The rollout draws random numbers before retrieval can fail or a stop is noticed; a
+        # failure or a discarded step saves the last completed step as it was when this step
+        # began, so that a resume is exact.
+        rng_at_start = self._rng_state(learner)
+        try:
+            return self._run_step(step, learner, records, rng_at_start)
+        except StepAbandoned:
+            self._set_rng_state(rng_at_start, learner)
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
+
+    def _run_step(self, step: int, learner: PPOLearner, records: list[QARecord],
+                  rng_at_start: dict[str, Any]) -> dict[str, float]:
         from mmoa.retrieval.client import RetrieverRequestError, RetrieverUnavailableError
 
-        records = self.step_records(step)
-        # The rollout draws random numbers before retrieval can fail; a failure saves the last
-        # completed step as it was when this step began, so that a resume is exact.
-        rng_at_start = self._rng_state(learner)
         t0 = time.perf_counter()
         failure: Exception | None = None
         try:
@@ -387,6 +520,8 @@ class MappoTrainer(Trainer):
                          **self._time_logs(timings, t0, t1, t1, time.perf_counter())})
             self._watch_drift(step, logs)
             return {k: round(v, 6) if isinstance(v, float) else v for k, v in logs.items()}
+        if self._stop_requested():  # the rollout is complete, nothing is updated yet
+            raise StepAbandoned("stop requested after the rollout")
         if self._any_process(not any(s.response_ids for s in samples)):
             # decided together: one process updating alone would wait in the all-reduce
             raise TrainingStopped(
@@ -434,6 +569,8 @@ class MappoTrainer(Trainer):
         # per optimised agent: KL to the warm start and entropy, each over its own tokens
         logs.update(learner.agent_kl(rollout))
         logs.update({k: v for k, v in stats.items() if k.startswith("entropy/")})
+        if stats.get("stopped_early"):  # a stop request cut the update short
+            logs["stopped_early"] = 1.0
         logs.update({
             "ratio_skips": stats.get("ratio_skips", 0.0),
             "dropped_empty": float(learner.dropped_empty),
@@ -519,7 +656,9 @@ class MappoTrainer(Trainer):
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         previous = {}
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # SIGABRT is LlamaBoard's Abort (LogCallback's own handler would stop only after the
+        # whole step, and then write a final model as if the run had ended).
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGABRT):
             # Outside the main thread (e.g. a web UI worker) signals cannot be caught.
             with contextlib.suppress(ValueError):
                 previous[sig] = signal.signal(sig, self._stop)
