@@ -858,6 +858,31 @@ def test_playground_shows_gold_answers_and_passages() -> None:
     assert "pick a question from a loaded QA file" in render_gold(answer, None)
 
 
+def test_playground_refuses_a_question_longer_than_the_model_s_context(
+        tiny_model_dir: Path) -> None:
+    """Mode g has no server limit: a question past the model's positions is refused before
+    generating (it held the one model for minutes), in one line naming both sizes."""
+    from mmoa.webui.playground import PlaygroundSession, ask_for_page
+
+    session = PlaygroundSession()
+    session.load(str(tiny_model_dir), "", "llama3")
+    limit = session.model.config.max_position_embeddings
+    question = "where was the author born " * limit
+    with pytest.raises(ValueError, match=f"more than the model's context of {limit:,}"):
+        session.ask(question, "", 5, "g")
+    out = ask_for_page(session, str(tiny_model_dir), "", "llama3", "", 5, "g", question)
+    assert out[0].startswith("error: ") and "shorten it" in out[0] and "\n" not in out[0]
+
+
+def test_playground_names_a_folder_that_is_not_a_model(tmp_path: Path) -> None:
+    from mmoa.webui.playground import PlaygroundSession
+
+    (tmp_path / "config.json").write_text("{\"model_type\": \"llama\"}")
+    with pytest.raises((ValueError, OSError)) as caught:
+        PlaygroundSession().load(str(tmp_path), "", "llama3")
+    assert str(tmp_path) in str(caught.value) and "\n" not in str(caught.value)
+
+
 def test_playground_loads_questions_and_asks_with_gold(tiny_model_dir: Path,
                                                        tiny_world_dir: Path,
                                                        tiny_server_url: str) -> None:

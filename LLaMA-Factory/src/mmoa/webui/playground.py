@@ -106,8 +106,18 @@ class PlaygroundSession:
             if key != self.key:
                 self.model = self.tokenizer = self.key = None  # free the old one first
                 start = time.perf_counter()
-                self.model, self.tokenizer = load_for_inference(
-                    key.model_path, key.template, key.adapter_path or None)
+                try:
+                    self.model, self.tokenizer = load_for_inference(
+                        key.model_path, key.template, key.adapter_path or None)
+                except FileNotFoundError:
+                    raise  # our own check's message already names the missing file
+                except (OSError, ValueError) as err:  # transformers' tokenizer errors, often
+                    # several lines long and without the folder
+                    first = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+                    raise ValueError(f"cannot load a model from {_describe(key)}: "
+                                     f"{first}; "
+                                     "is it a model folder (config.json, weights, "
+                                     "tokenizer)?") from err
                 self.key = key
                 seconds = time.perf_counter() - start
                 return f"loaded {_describe(key)} in {seconds:.1f} s"
@@ -129,6 +139,7 @@ class PlaygroundSession:
         with self.lock:
             if self.key is None:
                 raise ValueError("load a model first")
+            check_question_fits_model(question, self.tokenizer, self.model)
             retriever = None
             if mode != "g":
                 retriever = RetrievalClient(retriever_url.strip(), timeout=30.0, retries=1)
@@ -142,6 +153,19 @@ class PlaygroundSession:
                 if retriever is not None:
                     retriever.close()
             return PlaygroundAnswer(trace, pipeline.last_timings.as_dict(), total, mode)
+
+
+def check_question_fits_model(question: str, tokenizer: Any, model: Any) -> None:
+    """Refuse a question longer than the model's context (``max_position_embeddings``) before
+    generating: it cannot be answered, and in mode ``g`` (no server limit applies) a 200,000-
+    character question otherwise held the Playground's one model for minutes."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(limit, int) or tokenizer is None:
+        return
+    tokens = len(tokenizer(question, add_special_tokens=False)["input_ids"])
+    if tokens >= limit:
+        raise ValueError(f"the question is {tokens:,} tokens, more than the model's context of "
+                         f"{limit:,}; shorten it")
 
 
 def retrieves(mode: str) -> bool:
