@@ -64,17 +64,20 @@ def test_the_per_agent_figure_is_saved(tmp_path: Path) -> None:
     assert save_agent_plot(other) is None and not (other / AGENT_PLOT_FILE).exists()
 
 
-def test_the_web_ui_plot_adds_the_per_agent_panels() -> None:
+def test_the_web_ui_per_agent_figure_has_the_agent_panels() -> None:
+    """The web UI draws loss and reward in LlamaBoard's plot and the per-agent panels in a
+    figure of their own (``agent_figure``), the same panels as ``training_agents.png``."""
     pytest.importorskip("matplotlib")
     from mmoa.train.plots import AGENT_PANELS
-    from mmoa.webui.plots import mappo_plot
+    from mmoa.webui.plots import agent_figure, mappo_plot
 
     log = [{"current_steps": e["step"], **{k: v for k, v in e.items() if k != "step"}}
            for e in _collapse_history()]
-    figure = mappo_plot(log)
-    titles = [ax.get_title() for ax in figure.axes]
-    assert titles[:2] == ["", ""] and titles[2:2 + len(AGENT_PANELS)] == [
-        p.title for p in AGENT_PANELS]
-    selector = figure.axes[2]
+    assert [ax.get_title() for ax in mappo_plot(log).axes] == ["", ""]  # loss, reward
+    figure = agent_figure(log)
+    assert figure is not None
+    titles = [ax.get_title() for ax in figure.axes if ax.get_visible()]
+    assert titles[:len(AGENT_PANELS)] == [p.title for p in AGENT_PANELS]
+    selector = figure.axes[0]
     assert list(selector.lines[0].get_ydata()) == [4.9, 4.9, 3.5, 2.0, 1.0, 1.0]
     assert selector.get_ylim()[0] == 0.0, "a fall to one document is drawn from 0"
