@@ -633,19 +633,7 @@ def probe_bad_config(world: World, name: str, config: dict[str, Any] | str,
     else:
         config = {**config, "output_dir": str(folder / path.stem)}
         run = train(config, path, overrides)
-    errors = run.error_lines()
-    if run.returncode == 0:
-        outcome = "wrongly accepted"
-    elif run.tracebacks:
-        outcome = "traceback"
-    elif 1 <= len(errors) <= 2:
-        outcome = "clean error"
-    else:
-        outcome = f"error of {len(errors)} lines"
-    return {"config": name, "outcome": outcome, "returncode": run.returncode,
-            "seconds": run.seconds, "tracebacks": run.tracebacks, "error_lines": len(errors),
-            "error": " / ".join(errors[:2])[:400] if errors else
-            (run.stderr.strip().splitlines() or [""])[-1][:400]}
+    return {"config": name, **_outcome(run)}
 
 
 # -- retriever_rl bad configs --------------------------------------------------------------------
