@@ -129,9 +129,9 @@ class QrSGPipeline:
         with its group advantage."""
         import numpy as np
 
-        from mmoa.train.mappo.agent_stats import step_agent_stats
+        from mmoa.train.mappo.agent_stats import candidate_gold_recall, step_agent_stats
         from mmoa.train.mappo.grpo import PipelineOutcome, group_samples
-        from mmoa.train.mappo.rewards import compute_agent_rewards
+        from mmoa.train.mappo.rewards import compute_agent_rewards, retrieval_bonus
         from mmoa.train.mappo.samples import Sample
 
         penalties = penalty_config(args)
@@ -147,11 +147,15 @@ class QrSGPipeline:
                     or trace.answer_parse is None:
                 raise RuntimeError(f"the qr_s_g rollout of {record.id!r} has an agent without a "
                                    "parsed output")
+            bonus = retrieval_bonus(candidate_gold_recall(record, trace) if "qr" in agents
+                                    else None, args.mappo_qr_retrieval_reward)
             rewards = compute_agent_rewards(
                 trace.qr_parse, trace.selection_parse, trace.answer_parse, trace.answer,
                 record.answers, config=penalties, metric=args.mappo_reward_metric,
-                scoring=args.mappo_scoring)
+                scoring=args.mappo_scoring, bonuses={} if bonus is None else {"qr": bonus})
             logs["answer_f1"].append(rewards.shared)
+            if bonus is not None:
+                logs["retrieval_reward/qr"].append(bonus)
             for agent in AGENTS:
                 logs[f"penalty_rate/{agent}"].append(float(rewards.penalties[agent].fired))
                 logs[f"reward/{agent}"].append(rewards.totals[agent])

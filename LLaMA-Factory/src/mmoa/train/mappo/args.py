@@ -191,6 +191,13 @@ class MappoArguments:
         metadata={"help": "Sub-questions kept from the Query Rewriter's output; more written "
                           "costs mappo_qr_penalty."})
     mappo_qr_max_chars: int = defaults.QR_MAX_CHARS
+    mappo_qr_retrieval_reward: float = field(
+        default=0.0,
+        metadata={"help": "Weight of the Query Rewriter's retrieval reward, added to its "
+                          "score: weight x the share of the question's gold passages among "
+                          "the K candidates its sub-questions retrieved (training data with "
+                          "gold passages only; qr_s_g, value-head algorithms). 0: off, the "
+                          "paper's shared reward alone."})
     mappo_selector_penalty: float = defaults.SELECTOR_PENALTY
     mappo_generator_penalty: float = defaults.GENERATOR_PENALTY
     mappo_generator_max_words: int = defaults.GENERATOR_MAX_WORDS
@@ -321,6 +328,14 @@ class MappoArguments:
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0 (it is subtracted from "
                                  f"the reward), got {value}")
+        weight = self.mappo_qr_retrieval_reward
+        if not (math.isfinite(weight) and weight >= 0):
+            raise ValueError(f"mappo_qr_retrieval_reward must be a finite number >= 0 (a "
+                             f"reward added to the Query Rewriter's score), got {weight}")
+        if weight > 0 and self.algorithm.grouped:
+            raise ValueError(f"mappo_qr_retrieval_reward is learned against the value head's "
+                             f"baseline; mappo_algorithm: {self.mappo_algorithm} has none (use "
+                             f"a value-head algorithm such as ppo, or set it to 0)")
         penalty = self.mappo_search_format_penalty
         if not (math.isfinite(penalty) and penalty <= 0):
             raise ValueError(f"mappo_search_format_penalty must be a finite number <= 0 (it is "
