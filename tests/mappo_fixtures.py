@@ -3,9 +3,11 @@ per step, short generations, checkpoints every step."""
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,44 @@ def sample_responses(model: Any, prompt: list[int], n: int, length: int,
             token = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)
             ids = torch.cat([ids, token], dim=1)
     return ids[:, len(prompt):].tolist()
+
+
+#: The learning tests' toy task: two "questions" (prompts) of two agents on one tiny policy,
+#: each rewarded 1 for its own target token. Best mean reward 1.0; untrained below 0.25.
+TOY_TASKS: dict[str, tuple[list[int], int]] = {"qr": ([2, 10, 11], 7),
+                                               "generator": ([2, 12, 13], 9)}
+
+#: ``(agent, prompt, responses, scores) -> samples``: how an algorithm turns one question's
+#: group of rollouts into PPO samples.
+MakeSamples = Callable[[str, list[int], list[list[int]], list[float]], list[Any]]
+
+
+class ToyTask:
+    """A learner on :func:`tiny_policy` (seed 1, a frozen copy as the reference, Adam lr 3e-3,
+    seeded mini-batch order) and the rollouts of :data:`TOY_TASKS`, ``group`` responses of two
+    tokens per question: the scaffold every learning test of the learners shares."""
+
+    def __init__(self, config: Any, group: int = 16) -> None:
+        from mmoa.train.mappo.learner import PolicyWithValue, PPOLearner
+
+        torch.manual_seed(0)
+        policy = tiny_policy(seed=1)
+        self.model = PolicyWithValue(policy, None, ref_model=copy.deepcopy(policy).eval())
+        self.learner = PPOLearner(self.model, torch.optim.Adam(self.model.parameters(), lr=3e-3),
+                                  config, pad_id=0, generator=torch.Generator().manual_seed(0))
+        self.sampler = torch.Generator().manual_seed(0)
+        self.group = group
+
+    def rollout(self, make_samples: MakeSamples) -> tuple[list[Any], float]:
+        """One step's samples and the mean reward of its rollouts."""
+        samples: list[Any] = []
+        rewards: list[float] = []
+        for agent, (prompt, target) in TOY_TASKS.items():
+            responses = sample_responses(self.model, prompt, self.group, 2, self.sampler)
+            scores = [float(response[0] == target) for response in responses]
+            rewards += scores
+            samples += make_samples(agent, prompt, responses, scores)
+        return samples, sum(rewards) / len(rewards)
 
 
 def tiny_mappo_config(model: Path, data: Path, url: str, output: Path,

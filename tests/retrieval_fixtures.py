@@ -26,6 +26,11 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 N_DEMO_PASSAGES = 400
+
+if str(ROOT / "bench") not in sys.path:  # the reload probes' second encoder is defined there
+    sys.path.insert(0, str(ROOT / "bench"))
+from encoder_variants import perturbed_encoder  # noqa: E402,F401  (re-exported for the tests)
+
 _CACHE: dict[str, Any] = {}
 
 

@@ -32,7 +32,7 @@ from mmoa.train.mappo.learner import PolicyWithValue, PPOConfig, PPOLearner
 from mmoa.train.mappo.ppo_math import WHITEN_EPS, masked_average
 from mmoa.train.mappo.samples import Sample
 from mmoa.train.mappo.value_head import ValueHead
-from tests.mappo_fixtures import EOS, sample_responses, tiny_policy
+from tests.mappo_fixtures import EOS, ToyTask, tiny_policy
 
 NEW = ("dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "dapo", "gspo")
 
@@ -359,33 +359,23 @@ def test_each_new_algorithm_raises_the_reward_on_a_known_task(name: str) -> None
     dapo skips its zero-variance groups); reinforce_plus_plus gets plain scores and its KL
     reward. After 15 updates through PPOLearner the mean reward must be above 0.6."""
     algorithm = get_algorithm(name)
-    torch.manual_seed(0)
-    policy = tiny_policy(seed=1)
-    model = PolicyWithValue(policy, None, ref_model=copy.deepcopy(policy).eval())
     config = PPOConfig(algorithm=name, ppo_epochs=4, mini_batch_size=16,
                        kl_loss_coef=0.01 if algorithm.kl == "loss" else 0.0,
                        adaptive_kl=False, init_kl_coef=0.01, min_kl_coef=0.0)
-    learner = PPOLearner(model, torch.optim.Adam(model.parameters(), lr=3e-3), config,
-                         pad_id=0, generator=torch.Generator().manual_seed(0))
-    tasks = {"qr": ([2, 10, 11], 7), "generator": ([2, 12, 13], 9)}
-    sampler = torch.Generator().manual_seed(0)
-    group = 16
+    task = ToyTask(config)
+    learner = task.learner
+
+    def as_samples(agent: str, prompt: list[int], responses: list[list[int]],
+                   scores: list[float]) -> list[Sample]:
+        if not algorithm.grouped:
+            return [Sample(agent, prompt, r, s) for r, s in zip(responses, scores, strict=True)]
+        outcomes = [PipelineOutcome({agent: (prompt, r, None)}, s, {agent: 0.0})
+                    for r, s in zip(responses, scores, strict=True)]
+        return group_samples(outcomes, task.group, (agent,), algorithm.group_advantage(),
+                             algorithm.group_filter("none"))[0]
 
     def rollout() -> tuple[list[Sample], float]:
-        samples, rewards = [], []
-        for agent, (prompt, target) in tasks.items():
-            responses = sample_responses(model, prompt, group, 2, sampler)
-            scores = [float(r[0] == target) for r in responses]
-            rewards += scores
-            if not algorithm.grouped:
-                samples += [Sample(agent, prompt, r, s) for r, s in zip(responses, scores,
-                                                                         strict=True)]
-                continue
-            outcomes = [PipelineOutcome({agent: (prompt, r, None)}, s, {agent: 0.0})
-                        for r, s in zip(responses, scores, strict=True)]
-            samples += group_samples(outcomes, group, (agent,), algorithm.group_advantage(),
-                                     algorithm.group_filter("none"))[0]
-        return samples, sum(rewards) / len(rewards)
+        return task.rollout(as_samples)
 
     _, before = rollout()
     history = []

@@ -26,7 +26,7 @@ from mmoa.train.mappo.ppo_math import (
     zero_variance_groups,
 )
 from mmoa.train.mappo.samples import Sample
-from tests.mappo_fixtures import EOS, sample_responses, tiny_policy
+from tests.mappo_fixtures import EOS, ToyTask, tiny_policy
 
 # -- the group advantage -------------------------------------------------------------------------
 
@@ -250,30 +250,19 @@ def test_grpo_raises_the_reward_on_a_known_task(normalise: str, averaging: str) 
     target token (best mean reward 1.0); G = 16 rollouts per question, group advantages and the
     clipped loss through PPOLearner with no value head. The mean reward must rise clearly above
     the untrained policy's."""
-    torch.manual_seed(0)
-    policy = tiny_policy(seed=1)
-    model = PolicyWithValue(policy, None, ref_model=copy.deepcopy(policy).eval())
     config = PPOConfig(algorithm="grpo", ppo_epochs=4, mini_batch_size=16,
                        loss_averaging=averaging, kl_loss_coef=0.01)
-    learner = PPOLearner(model, torch.optim.Adam(model.parameters(), lr=3e-3), config,
-                         pad_id=0, generator=torch.Generator().manual_seed(0))
-    tasks = {"qr": ([2, 10, 11], 7), "generator": ([2, 12, 13], 9)}
-    sampler = torch.Generator().manual_seed(0)
-    group = 16
+    task = ToyTask(config)
+    learner = task.learner
+
+    def grouped(agent: str, prompt: list[int], responses: list[list[int]],
+                scores: list[float]) -> list[Sample]:
+        outcomes = [PipelineOutcome({agent: (prompt, r, None)}, s, {agent: 0.0})
+                    for r, s in zip(responses, scores, strict=True)]
+        return group_samples(outcomes, task.group, (agent,), normalise)[0]
 
     def rollout() -> tuple[list[Sample], float]:
-        outcomes, rewards = [], []
-        for agent, (prompt, target) in tasks.items():
-            for response in sample_responses(model, prompt, group, 2, sampler):
-                reward = float(response[0] == target)
-                rewards.append(reward)
-                outcomes.append(PipelineOutcome({agent: (prompt, response, None)}, reward,
-                                                {agent: 0.0}))
-        samples = []
-        for agent in tasks:  # each task is one question's group
-            mine = [o for o in outcomes if agent in o.calls]
-            samples += group_samples(mine, group, (agent,), normalise)[0]
-        return samples, sum(rewards) / len(rewards)
+        return task.rollout(grouped)
 
     _, before = rollout()
     history = []

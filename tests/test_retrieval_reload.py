@@ -22,7 +22,7 @@ import requests
 
 from mmoa.retrieval.app import RELOAD_PATH, AppConfig, ServerLimits, create_app
 from mmoa.retrieval.encoder import EncoderFolderError, check_model_folder
-from tests.retrieval_fixtures import ServerProcess, encoder_threads  # noqa: F401
+from tests.retrieval_fixtures import ServerProcess, encoder_threads, perturbed_encoder  # noqa: F401
 
 TOKEN = "jeton-\u00e9t\u00e9"  # non-ASCII on purpose (item 6)
 AUTH = {"Authorization": f"Bearer {TOKEN}"}  # requests sends str headers as latin-1
@@ -59,20 +59,10 @@ def edit_config(folder: Path, **changes: Any) -> Path:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """``start``: a copy of MiniLM; ``perturbed``: the same with its last layer changed."""
-    import torch
-    from transformers import AutoModel
-
     base = tmp_path_factory.mktemp("encoders")
     start = base / "minilm_a"
     shutil.copytree(minilm_dir(), start, ignore=SKIP)
-    perturbed = base / "perturbed"
-    shutil.copytree(minilm_dir(), perturbed, ignore=SKIP)
-    model = AutoModel.from_pretrained(str(start))
-    with torch.no_grad():
-        generator = torch.Generator().manual_seed(0)
-        for param in model.encoder.layer[-1].parameters():
-            param.add_(0.05 * torch.randn(param.shape, generator=generator))
-    model.save_pretrained(str(perturbed))
+    perturbed = perturbed_encoder(Path(minilm_dir()), base / "perturbed")
     return {"base": base, "start": start, "perturbed": perturbed}
 
 

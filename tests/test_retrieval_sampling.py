@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from mmoa.retrieval.sampling import (
     sample_pool,
 )
 from tests.retrieval_fixtures import HARR_TOKEN as TOKEN
-from tests.retrieval_fixtures import ServerProcess, harr_server
+from tests.retrieval_fixtures import ServerProcess, harr_server, perturbed_encoder
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 QUERIES = ["Who directed Crimson Bridge?", "capital of Moristan", "Who founded it?"]
@@ -225,17 +224,7 @@ def test_seed_is_reported_when_absent(server: ServerProcess) -> None:
 @pytest.mark.slow
 def test_reload_encoder_changes_scores_and_the_original_restores_them(
         server: ServerProcess, reference: Any, tmp_path: Path) -> None:
-    from transformers import AutoModel
-
-    original = reference.encoder.model_path
-    perturbed = tmp_path / "perturbed"
-    shutil.copytree(original, perturbed, ignore=shutil.ignore_patterns("*.onnx", "onnx"))
-    model = AutoModel.from_pretrained(str(original))
-    with torch.no_grad():
-        generator = torch.Generator().manual_seed(0)
-        for param in model.encoder.layer[-1].parameters():
-            param.add_(0.05 * torch.randn(param.shape, generator=generator))
-    model.save_pretrained(str(perturbed))
+    perturbed = perturbed_encoder(Path(reference.encoder.model_path), tmp_path / "perturbed")
 
     body = {"queries": QUERIES, "topk": 5, "return_scores": True}
     before = post(server, "/retrieve", body).json()["result"]
