@@ -18,6 +18,7 @@ from collections.abc import Sequence
 #: Lines added to the ``data`` group's examples.
 EXAMPLES = (
     "  mmoa-cli data demo-world --out data/demo\n"
+    "  mmoa-cli data demo-world --out data/demo_hard --hard\n"
     "  mmoa-cli data pretrain --exclude-corpus data/demo/corpus.jsonl\n"
     "  mmoa-cli data known-split --model_name_or_path models/smollm2-135m-instruct \\\n"
     "      --template smollm2 --world_dir data/demo --out data/demo_decision\n"
@@ -26,15 +27,23 @@ EXAMPLES = (
 
 def _cmd_demo_world(args: argparse.Namespace) -> int:
     from mmoa_demo.world import (
+        DISTRACTOR_SHARE,
+        HARD_NAMESAKES_PER_ENTITY,
         DemoWorldConfig,
         DemoWorldError,
         generate_demo_world,
         write_demo_world,
     )
 
+    namesakes = args.namesakes_per_entity
+    if namesakes is None:
+        namesakes = HARD_NAMESAKES_PER_ENTITY if args.hard else 0
     config = DemoWorldConfig(
         n_passages=args.n_passages, n_train=args.n_train, n_dev=args.n_dev, n_test=args.n_test,
         seed=args.seed,
+        distractor_share=DISTRACTOR_SHARE if args.distractor_share is None
+        else args.distractor_share,
+        namesakes_per_entity=namesakes,
     )
     try:
         world = generate_demo_world(config)
@@ -44,8 +53,10 @@ def _cmd_demo_world(args: argparse.Namespace) -> int:
     files = write_demo_world(world, args.out)
     stats = world.stats
     print(f"demo world (seed {config.seed}) written to {args.out}:")
+    namesake_note = (f", {stats['namesake_passages']} namesakes of {stats['asked_entities']} "
+                     f"asked entities" if "namesake_passages" in stats else "")
     print(f"  corpus   {stats['passages']} passages "
-          f"({stats['distractor_passages']} distractors) -> {files['corpus']}")
+          f"({stats['distractor_passages']} distractors{namesake_note}) -> {files['corpus']}")
     for split, count in stats["questions"].items():
         kinds = ", ".join(f"{t} {n}" for t, n in stats["question_types"][split].items())
         print(f"  {split:<8} {count} questions ({kinds}) -> {files[split]}")
@@ -75,11 +86,26 @@ def _add_demo_world(commands: argparse._SubParsersAction) -> None:
         epilog="example: mmoa-cli data demo-world --out data/demo --n-passages 2000 --seed 42",
     )
     demo.add_argument("--out", default="data/demo", help="output folder (default: data/demo)")
-    demo.add_argument("--n-passages", type=int, default=2000, help="corpus size (default: 2000)")
+    demo.add_argument("--n-passages", type=int, default=2000,
+                      help="corpus size, namesakes not counted (default: 2000)")
     demo.add_argument("--n-train", type=int, default=2000, help="train questions (default: 2000)")
     demo.add_argument("--n-dev", type=int, default=200, help="dev questions (default: 200)")
     demo.add_argument("--n-test", type=int, default=200, help="test questions (default: 200)")
     demo.add_argument("--seed", type=int, default=42, help="random seed (default: 42)")
+    hard = demo.add_argument_group(
+        "harder retrieval (opt-in; without these options the world is the default one, byte "
+        "for byte)")
+    hard.add_argument("--hard", action="store_true",
+                      help="preset: 3 namesake passages per asked entity (as "
+                           "--namesakes-per-entity 3), so a question's top 10 holds plausible "
+                           "but wrong passages")
+    hard.add_argument("--namesakes-per-entity", type=int, default=None, metavar="N",
+                      help="namesake passages (same surname, title or name, other facts) added "
+                           "per entity that a question asks about, on top of --n-passages "
+                           "(0-6; default 0, 3 with --hard)")
+    hard.add_argument("--distractor-share", type=float, default=None, metavar="SHARE",
+                      help="share of --n-passages that are generic distractors (0-0.9; default "
+                           "0.3)")
     demo.set_defaults(handler=_cmd_demo_world)
 
 

@@ -16,6 +16,34 @@ Questions are generated per split from disjoint pools of subject entities, so a 
 never has the subject of a training question: a model must read, not remember.
 Everything is driven by one ``random.Random(seed)``; the same configuration gives the same world
 byte for byte.
+
+**The hard world (opt-in).** In the default world a question's top 10 rarely holds more than one
+passage that looks like its answer: the Query Rewriter and the Selector have little to do, unlike
+on HotpotQA, where the ten candidates are full of same-name pages. Two options make retrieval with
+K = 10 hard:
+
+* ``namesakes_per_entity`` (``--hard`` sets 3) adds, for every entity that a question asks
+  about (every entity of a question's ``supporting_ids``), that many passages that share its name
+  and kind: people of the same surname with a similar first name and the same occupation, films,
+  plays and TV series of the same title, companies with the same short name, towns and countries
+  named after it, its family, foundation, university or station. Each states the asked facts for
+  the other, similarly named entity (another birthplace and year, another director, another
+  capital) or states none of them; none names the entity's *bridge neighbours* (a film's director
+  and studio, a person's birthplace, a company's headquarters), so a bridge question's second hop
+  is still found only through the first. :attr:`DemoWorld.namesakes` says which passages imitate
+  which gold passage (it is not written to disk).
+* ``distractor_share`` (default 0.3) is the share of ``n_passages`` that are generic distractors
+  (novels, festivals, exhibitions, random namesakes); raising it gives fewer entities and more
+  noise.
+
+Namesake passages come on top of ``n_passages`` and are drawn from a random stream of their own,
+after the questions: the hard world of a configuration is its default world (the same entities,
+questions, answers and gold passages' text) plus the namesakes, with passage ids renumbered. So
+the oracle ("the Generator given the gold passages") scores the same on both, and any difference
+between them is retrieval and selection. **The defaults must leave the default world byte for
+byte unchanged**, because the demo's published figures were measured on it: with
+``namesakes_per_entity=0`` and ``distractor_share=0.3`` no new random draw is made, and
+``world.json`` records the two options only when they differ from their defaults.
 """
 
 from __future__ import annotations
@@ -32,11 +60,20 @@ SPLITS = ("train", "dev", "test")
 QUESTION_TYPES = ("one_hop", "bridge", "comparison", "yes_no")
 #: Share of each question type in every split (sums to 1).
 TYPE_MIX = {"one_hop": 0.3, "bridge": 0.3, "comparison": 0.2, "yes_no": 0.2}
-#: Share of passages that are distractors; the rest describe one entity each.
+#: Default share of passages that are (generic) distractors; the rest describe one entity each.
 DISTRACTOR_SHARE = 0.3
+#: Most ``distractor_share`` can be (some passages must describe entities).
+MAX_DISTRACTOR_SHARE = 0.9
+#: ``namesakes_per_entity`` of the ``--hard`` preset.
+HARD_NAMESAKES_PER_ENTITY = 3
+#: Most namesake passages per asked entity.
+MAX_NAMESAKES_PER_ENTITY = 6
 #: Share of entity passages per kind (sums to 1).
 KIND_MIX = {"country": 0.05, "city": 0.15, "person": 0.40, "company": 0.15, "film": 0.25}
 MIN_PASSAGES = 60
+#: Fewest entity passages (what ``MIN_PASSAGES`` leaves at the default distractor share), so
+#: every kind of entity exists.
+MIN_ENTITY_PASSAGES = MIN_PASSAGES - round(MIN_PASSAGES * DISTRACTOR_SHARE)
 
 
 class DemoWorldError(ValueError):
@@ -52,6 +89,11 @@ class DemoWorldConfig:
     n_dev: int = 200
     n_test: int = 200
     seed: int = 42
+    #: Share of ``n_passages`` that are generic distractors (module docstring).
+    distractor_share: float = DISTRACTOR_SHARE
+    #: Namesake passages added per entity a question asks about, on top of ``n_passages``
+    #: (0: none, the default world; ``--hard``: :data:`HARD_NAMESAKES_PER_ENTITY`).
+    namesakes_per_entity: int = 0
 
     def validate(self) -> None:
         for name in ("n_passages", "n_train", "n_dev", "n_test"):
@@ -67,9 +109,40 @@ class DemoWorldConfig:
             )
         if self.n_train + self.n_dev + self.n_test == 0:
             raise DemoWorldError("ask for at least one question (n_train + n_dev + n_test > 0)")
+        share = self.distractor_share
+        if not isinstance(share, int | float) or isinstance(share, bool) \
+                or not 0 <= share <= MAX_DISTRACTOR_SHARE:
+            raise DemoWorldError(f"distractor_share must be a number from 0 to "
+                                 f"{MAX_DISTRACTOR_SHARE}, got {share!r}")
+        entity_passages = self.n_passages - round(self.n_passages * share)
+        if entity_passages < MIN_ENTITY_PASSAGES:
+            raise DemoWorldError(
+                f"distractor_share={share} leaves {entity_passages} of the {self.n_passages} "
+                f"passages to entities, but at least {MIN_ENTITY_PASSAGES} are needed so every "
+                f"kind of entity exists; lower distractor_share or raise n_passages")
+        n = self.namesakes_per_entity
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_NAMESAKES_PER_ENTITY:
+            raise DemoWorldError(f"namesakes_per_entity must be an integer from 0 to "
+                                 f"{MAX_NAMESAKES_PER_ENTITY}, got {n!r}")
 
     def split_sizes(self) -> dict[str, int]:
         return {"train": self.n_train, "dev": self.n_dev, "test": self.n_test}
+
+    def to_json(self) -> dict[str, Any]:
+        """The configuration as ``world.json`` records it: the opt-in options
+        (``distractor_share``, ``namesakes_per_entity``) only when they differ from their
+        defaults, so the default world's ``world.json`` stays byte for byte what it was before
+        they existed."""
+        out = asdict(self)
+        for name in _OPT_IN_FIELDS:
+            if out[name] == getattr(DemoWorldConfig, name):
+                del out[name]
+        return out
+
+
+#: Options added after the demo's figures were published; :meth:`DemoWorldConfig.to_json`
+#: writes them only when set.
+_OPT_IN_FIELDS = ("distractor_share", "namesakes_per_entity")
 
 
 @dataclass
@@ -80,6 +153,9 @@ class DemoWorld:
     corpus: list[dict[str, str]]
     splits: dict[str, list[dict[str, Any]]]
     stats: dict[str, Any] = field(default_factory=dict)
+    #: Hard worlds: the id of every asked entity's passage -> the ids of its namesake passages
+    #: (empty without ``namesakes_per_entity``; in memory only, never written).
+    namesakes: dict[str, list[str]] = field(default_factory=dict)
 
     def passage_by_id(self) -> dict[str, dict[str, str]]:
         return {p["id"]: p for p in self.corpus}
@@ -278,7 +354,7 @@ class _Builder:
         self.config = config
         self.rng = random.Random(config.seed)
         self.names = _Names(self.rng)
-        n_distractors = round(config.n_passages * DISTRACTOR_SHARE)
+        n_distractors = round(config.n_passages * config.distractor_share)
         self.n_distractors = n_distractors
         counts = _kind_counts(config.n_passages - n_distractors)
         self.countries: list[Country] = []
@@ -483,14 +559,18 @@ class _Builder:
         titles |= {c.name for c in self.cities} | {c.name for c in self.countries}
         titles |= {c.name for c in self.companies}
         for i in range(self.n_distractors):
-            for _ in range(50):
-                title, text = makers[i % len(makers)]()
+            # 50 tries of the planned kind, then the others: a high distractor_share runs out of
+            # distinct novels (one per film) first. The default world never gets past the 50
+            # (it used to stop there with an error), so its draws are unchanged.
+            for attempt in range(200):
+                title, text = makers[(i + max(0, attempt - 49)) % len(makers)]()
                 if title not in titles:
                     titles.add(title)
                     out.append((f"distractor:{i}", title, text))
                     break
             else:  # pragma: no cover - would need an absurdly small world
-                raise DemoWorldError("could not make enough distinct distractor passages")
+                raise DemoWorldError("could not make enough distinct distractor passages; "
+                                     "lower distractor_share")
         rng.shuffle(out)
         return out
 
@@ -533,6 +613,243 @@ class _Builder:
             f"{first} {person.last} (born {born} in {city.name}) is {_article(occupation)} "
             f"{occupation}. "
             f"{first} is not related to {person.name}, despite the shared family name."
+        )
+
+
+class _Namesakes:
+    """Namesake passages of the asked entities (the hard world; module docstring).
+
+    Drawn from ``random.Random`` of its own, so the default world's draws are untouched. Every
+    passage's title contains its entity's *name key* (a person's surname, a film's title, a
+    company's short name, a city's or country's name) and is new to the corpus. Variant 0 of
+    each kind is another, similarly named entity with other facts and can be repeated; variants
+    1 and 2 are made once per entity (a family, a play, a foundation, a university, ...).
+    Random people, places and years in a namesake never equal the entity's asked facts or its
+    bridge neighbours.
+    """
+
+    _CITY_PREFIXES = ("New", "North", "South", "Old", "Upper", "Lower", "East", "West", "Port")
+    _COUNTRY_PREFIXES = ("Upper", "Lower", "Greater", "East", "West", "New", "North", "South")
+
+    def __init__(self, builder: _Builder, titles: set[str], seed: int) -> None:
+        self.b = builder
+        self.rng = random.Random(seed * 104_729 + 2)
+        self.names = _Names(self.rng)
+        self.names.used = set(builder.names.used) | titles
+        self.titles = titles
+        self.person = {p.name: p for p in builder.people}
+        self.company = {c.name: c for c in builder.companies}
+        self.makers: dict[str, list[Callable[[Any], tuple[str, str]]]] = {
+            "person": [self._person_namesake, self._person_family, self._person_relative],
+            "film": [self._film_namesake, self._film_play, self._film_series],
+            "company": [self._company_namesake, self._company_foundation, self._company_tower],
+            "city": [self._city_namesake, self._city_university, self._city_station],
+            "country": [self._country_namesake, self._country_languages, self._country_history],
+        }
+
+    def passages(self, entity: Any, count: int) -> list[tuple[str, str]]:
+        """``count`` namesake ``(title, text)`` pairs of ``entity``, titles new to the corpus."""
+        kind = entity.key.split(":", 1)[0]
+        makers = self.makers[kind]
+        out = []
+        for j in range(count):
+            planned = makers[j] if j < len(makers) else makers[0]
+            # a once-per-entity title can be taken (two people of one surname): fall back to
+            # variant 0, which draws a new name every time
+            for attempt in range(60):
+                title, text = (planned if attempt < 10 else makers[0])(entity)
+                if title not in self.titles:
+                    self.titles.add(title)
+                    out.append((title, text))
+                    break
+            else:  # pragma: no cover - would need an absurdly small world
+                raise DemoWorldError(f"could not make namesake passages of {entity.key}")
+        return out
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _year(self, low: int, high: int, *avoid: int) -> int:
+        while True:
+            year = self.rng.randint(low, high)
+            if year not in avoid:
+                return year
+
+    def _near(self, year: int, *avoid: int) -> int:
+        """A year within 8 of ``year``, never ``year`` itself nor ``avoid``."""
+        return self._year(year - 8, year + 8, year, *avoid)
+
+    def _other(self, items: Sequence[Any], avoid: Callable[[Any], bool]) -> Any:
+        choices = [item for item in items if not avoid(item)]
+        return self.rng.choice(choices or list(items))
+
+    def _similar_first(self, first: str, last: str) -> str:
+        """A first name one vowel away from ``first`` (else a fresh one), unused with ``last``."""
+        lower = first.lower()
+        vowels = [i for i, ch in enumerate(lower) if ch in "aeiou"]
+        for attempt in range(40):
+            if vowels and attempt < 20:
+                i = self.rng.choice(vowels)
+                vowel = self.rng.choice([v for v in "aeiou" if v != lower[i]])
+                name = (lower[:i] + vowel + lower[i + 1:]).capitalize()
+            else:
+                name = self.names.first_name()
+            full = f"{name} {last}"
+            if len(name) >= 4 and name.lower() not in _ENGLISH_WORDS and name != last \
+                    and full not in self.names.used:
+                self.names.used.add(full)
+                return name
+        raise DemoWorldError(f"no similar first name for {first} {last}")  # pragma: no cover
+
+    def _stranger(self, *avoid_people: str) -> Person:
+        """A person whose surname is none of ``avoid_people``' surnames."""
+        lasts = {name.split()[-1] for name in avoid_people}
+        return self._other(self.b.people, lambda p: p.last in lasts)
+
+    # -- people: surname, occupation; never the birthplace (a bridge) ------------------------
+
+    def _person_namesake(self, p: Person) -> tuple[str, str]:
+        first = self._similar_first(p.first, p.last)
+        city = self._other(self.b.cities, lambda c: c.name == p.city)
+        born = self._near(p.born)
+        return f"{first} {p.last}", (
+            f"{first} {p.last} (born {born} in {city.name}) is {_article(p.occupation)} "
+            f"{p.occupation}. {first} is often confused with {p.name}, another "
+            f"{p.occupation} of the same family name."
+        )
+
+    def _person_family(self, p: Person) -> tuple[str, str]:
+        first = self._similar_first(p.first, p.last)
+        city = self._other(self.b.cities, lambda c: c.name == p.city)
+        title = f"The {p.last} family"
+        if title in self.titles:
+            title = f"The {p.last} family of {city.name}"
+        return title, (
+            f"The {p.last} family settled in {city.name} in {self._near(p.born) - 60}. Its "
+            f"archive, opened in {self._near(p.born)}, keeps the letters of the "
+            f"{p.occupation} {first} {p.last}."
+        )
+
+    def _person_relative(self, p: Person) -> tuple[str, str]:
+        first = self._similar_first(p.first, p.last)
+        city = self._other(self.b.cities, lambda c: c.name == p.city)
+        occupation = self.rng.choice([o for o in _OCCUPATIONS if o != p.occupation])
+        return f"{first} {p.last}", (
+            f"Born in {city.name} in {self._near(p.born)}, {first} {p.last} became "
+            f"{_article(occupation)} {occupation}."
+        )
+
+    # -- films: title, city; never the director or the studio (bridges) ----------------------
+
+    def _film_avoid(self, f: Film) -> tuple[list[str], list[int]]:
+        studio = self.company[f.studio]
+        director = self.person[f.director]
+        return [f.director, studio.founder], [f.year, director.born, studio.founded]
+
+    def _film_namesake(self, f: Film) -> tuple[str, str]:
+        people, years = self._film_avoid(f)
+        year = self._year(1930, 2023, *years)
+        director = self._stranger(*people)
+        studio = self._other([c for c in self.b.companies if c.industry == "film"],
+                             lambda c: c.name == f.studio)
+        genre = self.rng.choice([g for g in _GENRES if g != f.genre])
+        return f"{f.title} ({year} film)", (
+            f"{f.title} is a {year} {genre} film directed by {director.name} and produced by "
+            f"{studio.name}. It shares its title with an unrelated film."
+        )
+
+    def _film_play(self, f: Film) -> tuple[str, str]:
+        people, years = self._film_avoid(f)
+        writer = self._stranger(*people)
+        return f"{f.title} (play)", (
+            f"{f.title} is a stage play by {writer.name}, first performed in {f.city} in "
+            f"{self._year(1900, 2023, *years)}."
+        )
+
+    def _film_series(self, f: Film) -> tuple[str, str]:
+        people, years = self._film_avoid(f)
+        creator = self._stranger(*people)
+        start = self._year(1950, 2015, *years)
+        end = self._year(start + 1, start + 8, *years)
+        return f"{f.title} (TV series)", (
+            f"{f.title} is a television {self.rng.choice(_GENRES)} created by {creator.name}. "
+            f"It ran from {start} to {end}."
+        )
+
+    # -- companies: short name, industry; never the headquarters (a bridge) ------------------
+
+    def _company_namesake(self, co: Company) -> tuple[str, str]:
+        industry = self.rng.choice([i for i in _INDUSTRIES if i != co.industry])
+        suffix = self.rng.choice([s for s in _COMPANY_SUFFIX[industry]
+                                  if f"{co.short} {s}" != co.name])
+        founder = self._stranger(co.founder)
+        city = self._other(self.b.cities, lambda c: c.name in (co.city, founder.city))
+        return f"{co.short} {suffix}", (
+            f"{co.short} {suffix} is a {industry} company founded in {self._near(co.founded)} by "
+            f"{founder.name}. It is headquartered in {city.name}."
+        )
+
+    def _company_foundation(self, co: Company) -> tuple[str, str]:
+        city = self._other(self.b.cities, lambda c: c.name == co.city)
+        return f"{co.short} Foundation", (
+            f"The {co.short} Foundation is a charity based in {city.name}. It was set up in "
+            f"{self._near(co.founded)} and funds scholarships in {co.industry}."
+        )
+
+    def _company_tower(self, co: Company) -> tuple[str, str]:
+        city = self._other(self.b.cities, lambda c: c.name == co.city)
+        return f"{co.short} Tower", (
+            f"{co.short} Tower is an office building in {city.name}, completed in "
+            f"{self._near(co.founded)}. It has {self.rng.randint(12, 60)} floors."
+        )
+
+    # -- cities: name, river; never the country ----------------------------------------------
+
+    def _city_namesake(self, c: City) -> tuple[str, str]:
+        country = self._other(self.b.countries, lambda k: k.name == c.country)
+        name = f"{self.rng.choice(self._CITY_PREFIXES)} {c.name}"
+        population = self.rng.randrange(2_000, 90_000, 100)
+        return name, (
+            f"{name} is a town in {country.name} on the "
+            f"{self.rng.choice([r for r in _RIVERS if r != c.river])} River. It was founded in "
+            f"{self._near(c.founded)} and has a population of {population:,}."
+        )
+
+    def _city_university(self, c: City) -> tuple[str, str]:
+        return f"University of {c.name}", (
+            f"The University of {c.name} was founded in {self._near(c.founded)} beside the "
+            f"{c.river} River. About {self.rng.randrange(3_000, 40_000, 100):,} students study "
+            f"there."
+        )
+
+    def _city_station(self, c: City) -> tuple[str, str]:
+        a, b = self.rng.sample([x for x in self.b.cities if x.name != c.name], 2)
+        return f"{c.name} Central Station", (
+            f"{c.name} Central Station opened in {self._year(1840, 1990, c.founded)}. Trains "
+            f"run from there to {a.name} and {b.name}."
+        )
+
+    # -- countries: name; never the capital --------------------------------------------------
+
+    def _country_namesake(self, k: Country) -> tuple[str, str]:
+        name = f"{self.rng.choice(self._COUNTRY_PREFIXES)} {k.name}"
+        capital = self._other(self.b.cities, lambda c: c.name == k.capital)
+        currency = self.rng.choice([c for c in _CURRENCIES if c != k.currency])
+        return name, (
+            f"{name} is a country whose capital is {capital.name}. Its currency is the "
+            f"{currency}."
+        )
+
+    def _country_languages(self, k: Country) -> tuple[str, str]:
+        return f"Languages of {k.name}", (
+            f"Besides {k.language}, {self.rng.randint(2, 9)} regional languages are spoken in "
+            f"{k.name}; the oldest written records date from {self.rng.randint(800, 1500)}."
+        )
+
+    def _country_history(self, k: Country) -> tuple[str, str]:
+        seat = self._other(self.b.cities, lambda c: c.name == k.capital)
+        return f"History of {k.name}", (
+            f"The recorded history of {k.name} begins in {self.rng.randint(600, 1400)}, when "
+            f"its kings ruled from {seat.name}."
         )
 
 
@@ -816,20 +1133,14 @@ def generate_demo_world(config: DemoWorldConfig | None = None) -> DemoWorld:
     config = config or DemoWorldConfig()
     config.validate()
     builder = _Builder(config)
+    # The questions draw only from q_rng and the corpus only from builder.rng, so making the
+    # questions before the corpus is shuffled changes neither (the namesakes need them).
     passages = builder.entity_passages() + builder.distractor_passages()
-    builder.rng.shuffle(passages)
-    width = max(5, len(str(len(passages))))
-    corpus = [
-        {"id": f"p{i:0{width}d}", "title": title, "text": text}
-        for i, (_, title, text) in enumerate(passages)
-    ]
-    key_to_id = {key: corpus[i]["id"] for i, (key, _, _) in enumerate(passages)}
-
     sizes = config.split_sizes()
     q_rng = random.Random(config.seed * 7919 + 1)
     pools = _split_pools(builder, sizes, q_rng)
     maker = _QuestionMaker(builder, q_rng)
-    splits: dict[str, list[dict[str, Any]]] = {}
+    chosen_by_split: dict[str, list[_Question]] = {}
     capacity: dict[str, dict[str, int]] = {}
     seen_questions: set[str] = set()
     for split in SPLITS:
@@ -859,6 +1170,29 @@ def generate_demo_world(config: DemoWorldConfig | None = None) -> DemoWorld:
             seen_questions.update(q.question for q in picked)
             chosen.extend(picked)
         q_rng.shuffle(chosen)
+        chosen_by_split[split] = chosen
+
+    asked = list(dict.fromkeys(k for split in SPLITS for q in chosen_by_split[split]
+                               for k in q.keys))
+    namesake_keys: dict[str, list[str]] = {}
+    if config.namesakes_per_entity:
+        entities = {e.key: e for items in builder.entities_by_kind().values() for e in items}
+        namesakes = _Namesakes(builder, {title for _, title, _ in passages}, config.seed)
+        for key in asked:
+            made = namesakes.passages(entities[key], config.namesakes_per_entity)
+            namesake_keys[key] = [f"namesake:{key}:{j}" for j in range(len(made))]
+            passages.extend((nk, title, text)
+                            for nk, (title, text) in zip(namesake_keys[key], made, strict=True))
+    builder.rng.shuffle(passages)
+    width = max(5, len(str(len(passages))))
+    corpus = [
+        {"id": f"p{i:0{width}d}", "title": title, "text": text}
+        for i, (_, title, text) in enumerate(passages)
+    ]
+    key_to_id = {key: corpus[i]["id"] for i, (key, _, _) in enumerate(passages)}
+
+    splits: dict[str, list[dict[str, Any]]] = {}
+    for split in SPLITS:
         splits[split] = [
             {
                 "id": f"{split}-{i:05d}",
@@ -870,11 +1204,14 @@ def generate_demo_world(config: DemoWorldConfig | None = None) -> DemoWorld:
                    if q.resolved_last_hop else {}),
                 "type": q.type,
             }
-            for i, q in enumerate(chosen)
+            for i, q in enumerate(chosen_by_split[split])
         ]
-    stats = {
+    stats: dict[str, Any] = {
         "passages": len(corpus),
         "distractor_passages": builder.n_distractors,
+        # hard worlds only (the default world.json keeps its keys)
+        **({"namesake_passages": sum(len(v) for v in namesake_keys.values()),
+            "asked_entities": len(asked)} if config.namesakes_per_entity else {}),
         "entities": {kind: len(items) for kind, items in builder.entities_by_kind().items()},
         "questions": {s: len(v) for s, v in splits.items()},
         "question_types": {
@@ -883,7 +1220,10 @@ def generate_demo_world(config: DemoWorldConfig | None = None) -> DemoWorld:
         },
         "capacity": capacity,
     }
-    return DemoWorld(config=config, corpus=corpus, splits=splits, stats=stats)
+    namesake_ids = {key_to_id[key]: [key_to_id[nk] for nk in keys]
+                    for key, keys in namesake_keys.items()}
+    return DemoWorld(config=config, corpus=corpus, splits=splits, stats=stats,
+                     namesakes=namesake_ids)
 
 
 def _dedupe(questions: list[_Question], seen: set[str]) -> list[_Question]:
@@ -904,7 +1244,7 @@ def write_demo_world(world: DemoWorld, out_dir: str | Path) -> dict[str, Path]:
         atomic_write_jsonl(tmp / "corpus.jsonl", world.corpus)
         for split, records in world.splits.items():
             atomic_write_jsonl(tmp / f"{split}.jsonl", records)
-        atomic_write_json(tmp / "world.json", {"config": asdict(world.config), **world.stats})
+        atomic_write_json(tmp / "world.json", {"config": world.config.to_json(), **world.stats})
     files = {"corpus": out / "corpus.jsonl", "world": out / "world.json"}
     files.update({split: out / f"{split}.jsonl" for split in world.splits})
     return files
