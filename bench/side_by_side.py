@@ -91,6 +91,7 @@ import argparse
 import datetime
 import hashlib
 import json
+import textwrap
 import time
 import traceback
 from collections.abc import Callable
@@ -687,7 +688,7 @@ def write_plot(result: dict[str, Any], path: Path) -> None:
     axes.set_ylim(bottom=0, top=max([5.0, *(100 * (r["f1"] + (r.get("f1_se") or 0.0)) * 1.15
                                             for r in rows)]))
     axes.set_ylabel("F1 (%) +- standard error")
-    axes.set_title(_caption(result), fontsize=9)
+    axes.set_title(textwrap.fill(_caption(result), 70), fontsize=9)  # long file names wrap
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
