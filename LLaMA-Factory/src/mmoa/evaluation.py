@@ -17,6 +17,11 @@ searches per question. Whenever the records carry a ``group`` (``known`` / ``wor
 decision agent's mixed sets) ``metrics.json`` has ``by_group`` (n, EM, F1, retrieval rate,
 searches per group) and the table a row per group under the run's row.
 
+``mode: gold_g`` is an oracle, not a deployable mode: the Generator answers from each record's
+gold supporting passages, read from ``gold_corpus`` (:mod:`mmoa.retrieval.gold`), with no Query
+Rewriter, Selector or retrieval server. Its F1 bounds what the retrieval side can give the
+Generator; the gap to ``rag`` or ``qr_s_g`` is the room the retrieval-side agents leave.
+
 The pipeline runs greedily over a QA set in batches; every question's trace and scores go to
 ``predictions.jsonl`` and the aggregate to ``metrics.json``. The scores come from
 :mod:`mmoa.metrics`, the same functions the MAPPO reward uses, under a named scoring profile
@@ -35,6 +40,7 @@ from pathlib import Path
 from statistics import fmean, stdev
 from typing import Any
 
+from mmoa.agents.modes import ORACLE_MODES
 from mmoa.data.loaders import AMBIGQA_ANSWER_SETS, DEFAULT_AMBIGQA_ANSWERS
 from mmoa.data.records import QARecord
 from mmoa.data.registry import load_dataset_records
@@ -130,6 +136,9 @@ class EvalConfig:
     temperature: float = ROLLOUT_TEMPERATURE
     top_p: float = ROLLOUT_TOP_P
     seed: int = 0
+    #: ``mode: gold_g``: where the gold passages are read from (the corpus file, or the index
+    #: folder, that the records' supporting ids or titles name); refused by the other modes.
+    gold_corpus: str | None = None
 
     def validate(self) -> None:
         pipeline_for_mode(self.mode)  # "mode must be one of ...": the registered modes
@@ -157,6 +166,16 @@ class EvalConfig:
         if self.decision_policy != "model" and self.mode != DECISION_AGENT_MODE:
             raise ValueError(f"decision_policy {self.decision_policy} needs mode "
                              f"{DECISION_AGENT_MODE}, got mode {self.mode}")
+        if self.mode in ORACLE_MODES:
+            if self.gold_corpus is None:
+                raise ValueError(f"mode {self.mode} needs --gold_corpus: the corpus file or index "
+                                 "folder the records' gold passages are read from")
+            if not Path(self.gold_corpus).exists():
+                raise ValueError(f"gold_corpus {self.gold_corpus} not found (a corpus "
+                                 ".jsonl/.tsv file or an index folder)")
+        elif self.gold_corpus is not None:
+            raise ValueError(f"gold_corpus is read only by mode {', '.join(ORACLE_MODES)} (the "
+                             f"Generator on the gold passages), got mode {self.mode}")
         out = Path(self.output_dir)
         if out.exists() and not out.is_dir():
             # else the whole run went by and the write at the end failed with a traceback
@@ -176,8 +195,9 @@ class EvalConfig:
 
     @property
     def needs_retriever(self) -> bool:
-        """Whether the run sends queries (closed-book runs need no server)."""
-        return self.retrieval_k is not None
+        """Whether the run sends queries to the retrieval server (closed-book runs need none,
+        and the oracle modes read the gold passages from ``gold_corpus`` instead)."""
+        return self.retrieval_k is not None and self.mode not in ORACLE_MODES
 
 
 def load_records(config: EvalConfig) -> list[QARecord]:
@@ -317,7 +337,13 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
     config.validate()
     records = load_records(config)
     retriever: Any = None
-    if config.needs_retriever:
+    if config.mode in ORACLE_MODES:
+        from mmoa.retrieval.gold import GoldPassages
+
+        # every record's gold passages, before the model loads (the errors name what is wrong)
+        assert config.gold_corpus is not None  # validate()
+        retriever = GoldPassages.from_records(records, config.gold_corpus, per_title=config.k)
+    elif config.needs_retriever:
         retriever = RetrievalClient(config.retriever_url, token=config.retriever_token)
         # fail before the model is loaded when the server is not there, or cannot answer k
         # or a question

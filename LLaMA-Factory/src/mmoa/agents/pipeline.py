@@ -19,7 +19,9 @@ of questions (a whole MAPPO step) still makes one retrieval call.
 
 Modes (for baselines and ablations): ``g`` (no retrieval), ``rag`` (question -> top-K ->
 Generator), ``s_g`` (question -> top-K -> Selector -> Generator), ``qr_g`` (QR -> merged K ->
-Generator) and ``qr_s_g`` (the full pipeline).
+Generator) and ``qr_s_g`` (the full pipeline). The evaluation's oracle ``gold_g`` runs as
+``rag`` over a retriever that returns the question's gold passages
+(:class:`mmoa.retrieval.gold.GoldPassages`): the Generator reads every document it is given.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 
 from mmoa.agents.candidates import Candidate, merge_candidates
 from mmoa.agents.constrained import SelectorLogitsProcessor
-from mmoa.agents.modes import MODES, Mode
+from mmoa.agents.modes import MODES, ORACLE_MODES, Mode, OracleMode
 from mmoa.agents.parsers import (
     AnswerParse,
     SelectionParse,
@@ -158,15 +160,16 @@ class RagPipeline:
         template: str | PromptRenderer,
         retriever: DocumentRetriever | None,
         *,
-        mode: Mode = "qr_s_g",
+        mode: Mode | OracleMode = "qr_s_g",
         k: int = 10,
         settings: GenerationSettings | None = None,
         batch_size: int | None = None,
     ) -> None:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be at least 1 (or None), got {batch_size}")
-        if mode not in MODES:
-            raise ValueError(f"unknown pipeline mode {mode!r}; choose one of {', '.join(MODES)}")
+        if mode not in MODES + ORACLE_MODES:
+            raise ValueError(f"unknown pipeline mode {mode!r}; choose one of "
+                             f"{', '.join(MODES + ORACLE_MODES)}")
         if mode != "g" and retriever is None:
             raise ValueError(f"pipeline mode {mode!r} needs a retriever")
         self.model = model

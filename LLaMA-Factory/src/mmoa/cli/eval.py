@@ -52,11 +52,14 @@ def eval_options() -> Mapping[str, Option]:
         "retriever_token": Option("bearer token of the retrieval server", show_default=False),
         "mode": Option("which agents run: qr_s_g (default: Query Rewriter, Selector, "
                        "Generator), qr_g, s_g, rag (retrieve, then generate), g (no "
-                       "retrieval), search_agent (the multi-turn search agent; "
-                       "docs/search_agent.md) or decision_agent (answer or search, "
-                       "SmartRAG; docs/decision_agent.md)", choices=EVAL_MODES, **_OWN_DEFAULT),
+                       "retrieval), gold_g (oracle: the Generator on each record's gold "
+                       "passages from --gold_corpus, no server; docs/evaluation.md), "
+                       "search_agent (the multi-turn search agent; docs/search_agent.md) or "
+                       "decision_agent (answer or search, SmartRAG; docs/decision_agent.md)",
+                       choices=EVAL_MODES, **_OWN_DEFAULT),
         # None when not given: given with a mode that reads no --k, it is refused
-        "k": Option("candidate documents per question, modes qr_s_g, qr_g, s_g and rag "
+        "k": Option("candidate documents per question, modes qr_s_g, qr_g, s_g and rag; the "
+                    "most gold passages per question, mode gold_g "
                     "(default 10; the demo uses 5; refused by the other modes: see "
                     "--search_top_k and --decision_top_k)", show_default=False),
         "batch_size": Option("questions generated together per agent call",
@@ -75,6 +78,9 @@ def eval_options() -> Mapping[str, Option]:
             "mode decision_agent: model (default: the model decides), always (baseline: search "
             "once with the question, then answer) or never (baseline: answer closed book)",
             choices=DECISION_POLICIES, show_default=False),
+        "gold_corpus": Option(
+            "mode gold_g: the corpus file (.jsonl or DPR .tsv) or index folder the records' "
+            "gold supporting passages (ids, else titles) are read from", show_default=False),
         "do_sample": Option("sample instead of greedy decoding, as the RL rollouts do (with "
                             "--temperature, --top_p, --seed)", show_default=False),
     }

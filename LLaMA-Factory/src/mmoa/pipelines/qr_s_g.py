@@ -8,7 +8,7 @@ sample; its score is the shared answer reward plus the agent's own penalty
 (:func:`mmoa.train.mappo.rewards.compute_agent_rewards`), or under a grouped algorithm its
 group advantage (:func:`mmoa.train.mappo.grpo.group_samples`). Evaluation: the full pipeline
 and its ablations ``g``, ``rag``, ``s_g``, ``qr_g`` (:mod:`mmoa.agents.modes`), with per-agent
-statistics in every row.
+statistics in every row, and the oracle ``gold_g`` (the Generator on the gold passages).
 
 Model libraries are imported inside the methods: the command line reads the registry (the
 evaluation's ``--mode`` choices) without loading torch.
@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from mmoa.agents.modes import MODE_AGENTS, MODES
+from mmoa.agents.modes import MODE_AGENTS, MODES, ORACLE_MODES
 from mmoa.data.records import QARecord
 from mmoa.metrics import DEFAULT_PROFILE, score_answer
 from mmoa.pipelines.base import Batch, Evaluator, Timings, register_pipeline
@@ -87,7 +87,8 @@ class QrSGPipeline:
     """Query Rewriter, Selector and Generator over one policy (the paper's pipeline)."""
 
     name = "qr_s_g"
-    eval_modes: tuple[str, ...] = MODES
+    #: The ablations, then the oracle ``gold_g`` (the Generator on the gold passages).
+    eval_modes: tuple[str, ...] = MODES + ORACLE_MODES
     retrieval_k_key = "mappo_top_k"
     agent_plot = True
 
