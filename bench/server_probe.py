@@ -79,21 +79,29 @@ HOST = "127.0.0.1"
 # ------------------------------------------------------------------------ raw exchanges
 
 
-@dataclass
-class Outcome:
-    """What came back for one probe (a raw-socket exchange)."""
+@dataclass(kw_only=True)
+class HttpAnswer:
+    """What one HTTP exchange with the server returned, within the probe's time bound: the
+    fields every probe result shares (a malformed request's outcome, a reload call's)."""
 
-    category: str
-    name: str
+    #: The HTTP status, None when no complete answer came.
     status: int | None = None
     #: The body is a JSON object with a non-empty ``message`` (the server's error format).
     json_error: bool = False
-    #: The JSON body's ``status`` equals the HTTP status.
-    status_in_body: bool = False
     message: str = ""
     seconds: float = 0.0
     #: No complete answer within the bound, the connection still open.
     hang: bool = False
+
+
+@dataclass
+class Outcome(HttpAnswer):
+    """What came back for one probe (a raw-socket exchange)."""
+
+    category: str
+    name: str
+    #: The JSON body's ``status`` equals the HTTP status.
+    status_in_body: bool = False
     #: Reset or closed with no answer at all.
     connection_error: str = ""
     expected: str = "4xx"
@@ -893,16 +901,11 @@ def classify_answer(per_question: list[set[str]]) -> str:
 
 
 @dataclass
-class ReloadCall:
+class ReloadCall(HttpAnswer):
     """One ``POST /admin/reload_encoder`` made while the clients search."""
 
     action: str
     expected: str  # "200", "4xx" or "200|409" (two reloads at once: one may be refused)
-    status: int | None = None
-    json_error: bool = False
-    message: str = ""
-    seconds: float = 0.0
-    hang: bool = False
     #: Which encoder a single check request found served right after the call.
     served_after: str = ""
     #: The encoder that should serve after it (the last accepted reload's).
