@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the standard library and the model libraries only: used by every layer above
     ("foundation", ("mmoa", "mmoa.env", "mmoa.defaults", "mmoa.fileio", "mmoa.metrics",
                     "mmoa.precision", "mmoa.console", "mmoa.modeling", "mmoa.model_fetch",
-                    "mmoa.config_values")),
+                    "mmoa.config_values", "mmoa.agent_adapters")),
     # the RAG parts: prompts, parsers and the agents' pipelines; the retrieval server and its
     # client; the dataset loaders and the SFT data builders
     ("components", ("mmoa.agents", "mmoa.retrieval", "mmoa.data")),

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from mmoa.agent_adapters import use_agent
 from mmoa.agents.candidates import Candidate, merge_candidates
 from mmoa.agents.constrained import SelectorLogitsProcessor
 from mmoa.agents.modes import MODES, ORACLE_MODES, Mode, OracleMode
@@ -347,9 +348,10 @@ class RagPipeline:
             kwargs["logits_processor"] = LogitsProcessorList([processor_for(width)])
         if settings.record_logprobs:
             kwargs.update(output_scores=True, return_dict_in_generate=True)
-        output = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention.to(device), **kwargs
-        )
+        with use_agent(self.model, agent):  # its own adapter, with one per agent
+            output = self.model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention.to(device), **kwargs
+            )
         sequences = output.sequences if settings.record_logprobs else output
         sampled = None
         if settings.record_logprobs:

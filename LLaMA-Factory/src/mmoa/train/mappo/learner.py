@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from mmoa import defaults
+from mmoa.agent_adapters import adapters_disabled, rows_by_agent, use_agent, zero_touch
 from mmoa.train.mappo.algorithms import (
     ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
@@ -126,7 +127,7 @@ class PolicyWithValue(nn.Module):
 
     def forward(self, batch: SampleBatch, with_entropy: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        hidden, logits = response_hidden_and_logits(self.policy, batch, self.group_by_length)
+        hidden, logits = self._hidden_and_logits(batch)
         logits = self._scaled(logits)
         logprobs = logprobs_from_logits(logits, batch.response_ids)
         values = self.v_head(hidden).float() if self.v_head is not None else None
@@ -136,14 +137,41 @@ class PolicyWithValue(nn.Module):
                 entropy = entropy_from_logits(logits.detach())
         return logprobs, values, entropy
 
+    def _hidden_and_logits(self, batch: SampleBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`response_hidden_and_logits` of the policy; with one adapter per agent
+        (:mod:`mmoa.agent_adapters`) one pass per agent present, with its adapter active, put
+        back in row order. Every adapter is touched with a zero weight so that each gets a
+        gradient (DDP needs one for every trainable parameter)."""
+        parts = rows_by_agent(self.policy, batch.agents)
+        if len(parts) == 1 and parts[0][0] is None:
+            return response_hidden_and_logits(self.policy, batch, self.group_by_length)
+        hidden_parts, logit_parts = [], []
+        for agent, rows in parts:
+            with use_agent(self.policy, agent):
+                hidden, logits = response_hidden_and_logits(self.policy, batch.select(rows),
+                                                            self.group_by_length)
+            hidden_parts.append(hidden)
+            logit_parts.append(logits)
+        order = torch.tensor([row for _, rows in parts for row in rows],
+                             device=batch.input_ids.device)
+        hidden = torch.cat(hidden_parts)
+        logits = torch.cat(logit_parts)
+        hidden = torch.empty_like(hidden).index_copy(0, order, hidden)
+        logits = torch.empty_like(logits).index_copy(0, order, logits)
+        touch = zero_touch(self.policy)
+        if touch is not None:
+            logits = logits + touch
+        return hidden, logits
+
     @torch.no_grad()
     def reference_logprobs(self, batch: SampleBatch) -> torch.Tensor:
         if self._ref:
             model = self._ref[0]
             context: Any = contextlib.nullcontext()
         elif hasattr(self.policy, "disable_adapter"):
+            # every adapter disabled, with the trainable flags kept (PEFT turns them off)
             model = self.policy
-            context = self.policy.disable_adapter()
+            context = adapters_disabled(self.policy)
         else:
             raise RuntimeError(
                 "no reference policy: full fine-tuning needs a frozen reference model"

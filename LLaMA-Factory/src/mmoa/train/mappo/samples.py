@@ -48,11 +48,21 @@ class SampleBatch:
     response_ids: torch.Tensor  # [B, T] (pad where mask is 0)
     response_mask: torch.Tensor  # [B, T] float
     positions: torch.Tensor  # [B, T] index into L of the logits predicting each response token
+    #: Each row's agent: with one adapter per agent, the forward pass scores each agent's rows
+    #: with its own adapter (:mod:`mmoa.agent_adapters`).
+    agents: tuple[str, ...] = ()
 
     def to(self, device: torch.device | str) -> SampleBatch:
         return SampleBatch(*(t.to(device) for t in (
             self.input_ids, self.attention_mask, self.response_ids, self.response_mask,
-            self.positions)))
+            self.positions)), agents=self.agents)
+
+    def select(self, rows: list[int]) -> SampleBatch:
+        """The batch of ``rows`` only (same widths: positions stay valid)."""
+        index = torch.tensor(rows, device=self.input_ids.device)
+        return SampleBatch(*(t[index] for t in (
+            self.input_ids, self.attention_mask, self.response_ids, self.response_mask,
+            self.positions)), agents=tuple(self.agents[r] for r in rows) if self.agents else ())
 
 
 def collate(samples: Sequence[Sample], pad_id: int) -> SampleBatch:
@@ -85,7 +95,8 @@ def collate(samples: Sequence[Sample], pad_id: int) -> SampleBatch:
         start = len(sample.prompt_ids) - 1
         positions[row, :r] = torch.arange(start, start + r)
         positions[row, r:] = start + r - 1  # any valid index; masked out
-    return SampleBatch(input_ids, attention, response_ids, response_mask, positions)
+    return SampleBatch(input_ids, attention, response_ids, response_mask, positions,
+                       agents=tuple(s.agent for s in samples))
 
 
 def gather_positions(tensor: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
