@@ -152,6 +152,15 @@ class MappoArguments:
         metadata={"help": "Comma-separated agents to optimise: any of qr, selector, generator."},
     )
 
+    mappo_adapter_per_agent: bool = field(
+        default=False,
+        metadata={"help": "With finetuning_type: lora: one LoRA adapter per optimised agent "
+                          "(named after it) over one frozen base, instead of one adapter "
+                          "shared by all agents; the base is every agent's KL reference "
+                          "(docs/adapter_per_agent.md). Needs disable_gradient_checkpointing: "
+                          "true and the qr_s_g pipeline."},
+    )
+
     # rollout generation
     mappo_questions_per_rollout: int | None = field(
         default=None,
@@ -281,6 +290,10 @@ class MappoArguments:
             raise ValueError("mappo_top_p must be in (0, 1] and mappo_temperature > 0")
         self._check_ranges()
         self._check_algorithm()
+        if self.mappo_adapter_per_agent and self.is_multiturn:
+            raise ValueError(f"mappo_adapter_per_agent gives each agent of the qr_s_g pipeline "
+                             f"its own adapter; mappo_pipeline: {self.mappo_pipeline} has one "
+                             f"agent, whose one adapter is finetuning_type: lora without it")
 
     def _check_ranges(self) -> None:
         """Values the PPO maths accepts without complaint but that train something else than

@@ -57,6 +57,7 @@ import numpy as np
 import torch
 from transformers import Trainer
 
+from mmoa.agent_adapters import MARKER_FILE, agent_adapters, load_agent_weights, write_marker
 from mmoa.agents.render import PromptRenderer
 from mmoa.data.records import QARecord
 from mmoa.fileio import atomic_dir, atomic_write_json
@@ -300,6 +301,12 @@ class MappoTrainer(Trainer):
                     f"keys: remove the `{section}` section from the DeepSpeed config "
                     f"{self.args.deepspeed}")
         plugin.hf_ds_config.trainer_config_finalize(self.args, self.model, self.total_steps)
+        if self.zero_stage() == 3 and self.mappo_args.mappo_adapter_per_agent:
+            raise ValueError(
+                "mappo_adapter_per_agent is not supported under DeepSpeed ZeRO-3: each process "
+                "makes one forward pass per agent in its micro-batch, and ZeRO-3's passes "
+                "all-gather the weights together, so every process must make the same passes; "
+                "use ZeRO-2 or DDP (one LoRA adapter per agent fits where the base does)")
         engine, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
         unwrapped: PolicyWithValue = self.accelerator.unwrap_model(engine)
         if self.zero_stage() == 3:
@@ -700,6 +707,7 @@ class MappoTrainer(Trainer):
                                              safe_serialization=True)
             if unwrapped.v_head is not None:
                 unwrapped.v_head.save(folder, state_dict=part("v_head."))
+        write_marker(folder, unwrapped.policy)  # one adapter per agent: which ones
         self.processing_class.save_pretrained(folder)
 
     def save_mappo_checkpoint(self, learner: PPOLearner) -> Path:
@@ -822,6 +830,8 @@ class MappoTrainer(Trainer):
             unwrapped: PolicyWithValue = self.accelerator.unwrap_model(self.model)
             weights = "adapter_model.safetensors" \
                 if (path / "adapter_model.safetensors").is_file() else "model.safetensors"
+            if (path / MARKER_FILE).is_file():
+                weights = MARKER_FILE  # one adapter per agent, each in its own folder
             with _reading(path, weights):
                 load_policy_weights(unwrapped.policy, path)
             if unwrapped.v_head is not None:  # grpo: none was created or saved
@@ -893,9 +903,13 @@ def _reading(checkpoint: Path, name: str) -> Iterator[None]:
 
 
 def load_policy_weights(policy: torch.nn.Module, folder: Path) -> None:
-    """Loads what :meth:`MappoTrainer.save_policy` wrote: a LoRA adapter or full weights."""
+    """Loads what :meth:`MappoTrainer.save_policy` wrote: a LoRA adapter, one adapter per agent
+    (:mod:`mmoa.agent_adapters`) or full weights."""
     from safetensors.torch import load_file
 
+    if agent_adapters(policy) or (folder / MARKER_FILE).is_file():
+        load_agent_weights(policy, folder)  # refuses a checkpoint of the other kind
+        return
     adapter = folder / "adapter_model.safetensors"
     if adapter.is_file():
         from peft import set_peft_model_state_dict

@@ -34,7 +34,35 @@ def plot_keys(algorithm: Any) -> list[str]:
 TRAINER_LOG_FILE = "trainer_log.jsonl"
 
 
-def check_training_setup(model_args: Any, training_args: Any, finetuning_args: Any) -> None:
+def check_adapter_per_agent(mappo_args: MappoArguments | None, model_args: Any,
+                            training_args: Any, finetuning_args: Any) -> None:
+    """``mappo_adapter_per_agent`` only where it computes what it says.
+
+    * LoRA only: under full fine-tuning there is no adapter to give each agent, and the agents'
+      copies of the whole model would not fit where one barely does.
+    * No gradient checkpointing: a micro-batch's agents are scored one after the other, each
+      with its adapter active, and checkpointing recomputes every layer during the backward
+      pass, when only the last agent's adapter is active: the other agents' gradients would
+      be those of the wrong adapter.
+    * Not under DeepSpeed ZeRO-3 (checked by the trainer): each process makes one forward pass
+      per agent present in its micro-batch, and ZeRO-3's passes all-gather the weights, so all
+      processes must make the same passes.
+    """
+    if mappo_args is None or not mappo_args.mappo_adapter_per_agent:
+        return
+    if finetuning_args.finetuning_type != "lora":
+        raise ValueError(f"mappo_adapter_per_agent gives each agent a LoRA adapter over one "
+                         f"frozen base: it needs finetuning_type: lora, got "
+                         f"{finetuning_args.finetuning_type}")
+    if not getattr(model_args, "disable_gradient_checkpointing", True):
+        raise ValueError("mappo_adapter_per_agent needs disable_gradient_checkpointing: true: "
+                         "the agents of a micro-batch are scored one after the other with their "
+                         "own adapters, and gradient checkpointing would recompute them during "
+                         "the backward pass with the last agent's adapter active")
+
+
+def check_training_setup(model_args: Any, training_args: Any, finetuning_args: Any,
+                         mappo_args: MappoArguments | None = None) -> None:
     """Refuse set-ups that would train something other than what the user asked for.
 
     * ``per_device_train_batch_size`` (the PPO mini-batch), ``gradient_accumulation_steps`` or
@@ -56,6 +84,7 @@ def check_training_setup(model_args: Any, training_args: Any, finetuning_args: A
     if getattr(training_args, "fp16", False):
         raise ValueError("the mappo stage does not support fp16 (its loss scaling would leave "
                          "the gradients unscaled at clipping): use bf16: true or fp32")
+    check_adapter_per_agent(mappo_args, model_args, training_args, finetuning_args)
     if finetuning_args.finetuning_type == "lora" and model_args.adapter_name_or_path \
             and not finetuning_args.create_new_adapter:
         raise ValueError(
@@ -208,7 +237,7 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
         import transformers
 
         transformers.utils.logging.set_verbosity_warning()
-    check_training_setup(model_args, training_args, finetuning_args)
+    check_training_setup(model_args, training_args, finetuning_args, mappo_args)
     if mappo_args.algorithm.kl != "reward" and finetuning_args.ppo_whiten_rewards:
         raise ValueError(f"ppo_whiten_rewards whitens PPO's per-token rewards; "
                          f"mappo_algorithm: {mappo_args.mappo_algorithm} has none (its "
@@ -224,6 +253,10 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
     tokenizer = load_tokenizer(model_args)["tokenizer"]
     tokenizer.padding_side = "left"
     policy = load_model(tokenizer, model_args, finetuning_args, is_trainable=True)
+    if mappo_args.mappo_adapter_per_agent:
+        from mmoa.agent_adapters import add_agent_adapters
+
+        policy = add_agent_adapters(policy, mappo_args.optimized_agents)
     value_head = None
     if mappo_args.algorithm.value_head:  # grpo, ...: no critic is created, loaded or saved
         hidden = policy.config.get_text_config().hidden_size
