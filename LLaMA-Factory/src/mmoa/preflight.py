@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mmoa.agent_adapters import MARKER_FILE
+
 #: Set by the shell wrappers (which ``cd`` to the repository root) to the user's own folder.
 CALLER_DIR_ENV = "MMOA_CALLER_DIR"
 
@@ -174,6 +176,8 @@ def model_problem(value: Any, key: str = "model_name_or_path", *, adapter: bool 
     path = Path(name).expanduser()
     if path.is_dir() and (path / config_file).is_file():
         return None
+    if adapter and path.is_dir() and (path / MARKER_FILE).is_file():
+        return None  # one adapter per agent (mappo_adapter_per_agent), each in its sub-folder
     if not path.exists() and _in_hub_cache(name, config_file):
         return None
     root = root if root is not None else project_root()
