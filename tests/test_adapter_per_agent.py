@@ -274,6 +274,11 @@ def test_refused_where_it_cannot_work() -> None:
     with pytest.raises(ValueError, match="needs finetuning_type: lora"):
         check_adapter_per_agent(args, no_checkpointing, None,
                                 SimpleNamespace(finetuning_type="full"))
+    zero3 = SimpleNamespace(hf_deepspeed_config=SimpleNamespace(is_zero3=lambda: True))
+    with pytest.raises(ValueError, match="not supported under DeepSpeed ZeRO-3"):
+        check_adapter_per_agent(args, no_checkpointing, zero3, lora)
+    zero2 = SimpleNamespace(hf_deepspeed_config=SimpleNamespace(is_zero3=lambda: False))
+    check_adapter_per_agent(args, no_checkpointing, zero2, lora)
     with pytest.raises(ValueError, match="disable_gradient_checkpointing: true"):
         check_adapter_per_agent(args, SimpleNamespace(disable_gradient_checkpointing=False),
                                 None, lora)

@@ -34,6 +34,12 @@ from typing import Any
 #: The file in a saved model or checkpoint folder that lists its agents' adapters; each adapter
 #: is in the sub-folder of its name (PEFT's layout for adapters not named ``default``).
 MARKER_FILE = "agent_adapters.json"
+#: Why the option is refused under DeepSpeed ZeRO-3 (by the workflow before the model loads, and
+#: by the trainer, which knows the engine's stage for certain).
+ZERO3_REFUSAL = ("mappo_adapter_per_agent is not supported under DeepSpeed ZeRO-3: each process "
+                 "makes one forward pass per agent in its micro-batch, and ZeRO-3's passes "
+                 "all-gather the weights together, so every process must make the same passes; "
+                 "use ZeRO-2 or DDP (one LoRA adapter per agent fits where the base does)")
 #: The attribute of a PEFT model that holds its agents' adapter names (set by this module only).
 _ATTRIBUTE = "mmoa_agent_adapters"
 

@@ -57,7 +57,13 @@ import numpy as np
 import torch
 from transformers import Trainer
 
-from mmoa.agent_adapters import MARKER_FILE, agent_adapters, load_agent_weights, write_marker
+from mmoa.agent_adapters import (
+    MARKER_FILE,
+    ZERO3_REFUSAL,
+    agent_adapters,
+    load_agent_weights,
+    write_marker,
+)
 from mmoa.agents.render import PromptRenderer
 from mmoa.data.records import QARecord
 from mmoa.fileio import atomic_dir, atomic_write_json
@@ -302,11 +308,7 @@ class MappoTrainer(Trainer):
                     f"{self.args.deepspeed}")
         plugin.hf_ds_config.trainer_config_finalize(self.args, self.model, self.total_steps)
         if self.zero_stage() == 3 and self.mappo_args.mappo_adapter_per_agent:
-            raise ValueError(
-                "mappo_adapter_per_agent is not supported under DeepSpeed ZeRO-3: each process "
-                "makes one forward pass per agent in its micro-batch, and ZeRO-3's passes "
-                "all-gather the weights together, so every process must make the same passes; "
-                "use ZeRO-2 or DDP (one LoRA adapter per agent fits where the base does)")
+            raise ValueError(ZERO3_REFUSAL)  # checked before the model loads, too
         engine, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
         unwrapped: PolicyWithValue = self.accelerator.unwrap_model(engine)
         if self.zero_stage() == 3:

@@ -44,7 +44,7 @@ def check_adapter_per_agent(mappo_args: MappoArguments | None, model_args: Any,
       with its adapter active, and checkpointing recomputes every layer during the backward
       pass, when only the last agent's adapter is active: the other agents' gradients would
       be those of the wrong adapter.
-    * Not under DeepSpeed ZeRO-3 (checked by the trainer): each process makes one forward pass
+    * Not under DeepSpeed ZeRO-3: each process makes one forward pass
       per agent present in its micro-batch, and ZeRO-3's passes all-gather the weights, so all
       processes must make the same passes.
     """
@@ -59,6 +59,11 @@ def check_adapter_per_agent(mappo_args: MappoArguments | None, model_args: Any,
                          "the agents of a micro-batch are scored one after the other with their "
                          "own adapters, and gradient checkpointing would recompute them during "
                          "the backward pass with the last agent's adapter active")
+    deepspeed = getattr(training_args, "hf_deepspeed_config", None)
+    if deepspeed is not None and deepspeed.is_zero3():
+        from mmoa.agent_adapters import ZERO3_REFUSAL
+
+        raise ValueError(ZERO3_REFUSAL)
 
 
 def check_training_setup(model_args: Any, training_args: Any, finetuning_args: Any,
