@@ -136,6 +136,12 @@ def add_agent_adapters(model: Any, agents: Sequence[str]) -> Any:
                          "(finetuning_type: lora), with its `default` adapter")
     agents = tuple(dict.fromkeys(agents))
     config = model.peft_config["default"]
+    if config.init_lora_weights not in (True, False, "gaussian"):
+        # PiSSA, OLoRA, CorDA, EVA, LoftQ: the initialisation rewrites the base weights around
+        # the adapter; one per agent would rewrite the shared base once per agent
+        raise ValueError(f"mappo_adapter_per_agent needs LoRA's default initialisation (one "
+                         f"frozen base for every agent); init_lora_weights="
+                         f"{config.init_lora_weights!r} rewrites the base weights (pissa_init)")
     dtypes = {name: p.dtype for name, p in model.named_parameters() if ".default." in name}
     for agent in agents:
         model.add_adapter(agent, copy.deepcopy(config))
