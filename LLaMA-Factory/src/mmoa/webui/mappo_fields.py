@@ -38,6 +38,7 @@ ALGORITHM_CONDITIONS: dict[str, Any] = {
     "grouped": lambda a: a.grouped,  # group size, normalisation, zero-variance filter
     "kl_loss": lambda a: a.kl == "loss",  # the k3 KL loss term
     "kl_reward": lambda a: a.kl == "reward",  # the (adaptive) KL penalty in the reward
+    "value_head": lambda a: a.value_head,  # GAE, per-agent whitening, the QR's retrieval reward
 }
 
 
@@ -210,6 +211,21 @@ MAPPO_FIELDS: tuple[MappoField, ...] = (
     MappoField("mappo_kl_loss_coef", "mappo_kl_loss_coef", "KL loss coefficient",
                "weight of the k3 KL to the warm start as a loss term; 0 = off", "float",
                minimum=0, only_for="kl_loss"),
+    # the joint recipe (docs/joint_mappo.md) and one LoRA adapter per agent
+    MappoField("mappo_lam", "mappo_lam", "GAE lambda",
+               "1.0 in the demo: with the paper's 0.95 the Selector collapsed to one document",
+               "float", minimum=0, only_for="value_head"),
+    MappoField("mappo_whiten_per_agent", "mappo_whiten_per_agent", "Whiten per agent",
+               "centre and scale each agent's advantages over its own tokens", "bool",
+               only_for="value_head"),
+    MappoField("mappo_qr_retrieval_reward", "mappo_qr_retrieval_reward",
+               "QR retrieval reward",
+               "weight x share of the gold passages among the QR's candidates, added to its "
+               "score (0.5 in the demo; 0 = the shared reward alone)", "float", minimum=0,
+               only_for="value_head"),
+    MappoField("mappo_adapter_per_agent", "mappo_adapter_per_agent", "Adapter per agent",
+               "LoRA only: one adapter per agent over one frozen base "
+               "(docs/adapter_per_agent.md)", "bool"),
     # PPO and rollouts
     MappoField("mappo_max_steps", "max_steps", "Max steps",
                "MAPPO steps (rollout + update) to run; 0 = as many as the Epochs field gives",
@@ -246,6 +262,8 @@ MAPPO_ROWS: tuple[tuple[str, ...], ...] = (
      "mappo_loss_averaging", "mappo_kl_loss_coef"),
     ("mappo_adaptive_kl", "mappo_init_kl_coef", "mappo_min_kl_coef", "mappo_kl_target",
      "mappo_kl_horizon"),
+    ("mappo_lam", "mappo_whiten_per_agent", "mappo_qr_retrieval_reward",
+     "mappo_adapter_per_agent"),
     ("mappo_max_steps", "mappo_ppo_epochs", "mappo_questions_per_rollout",
      "mappo_rollout_batch_size", "mappo_temperature", "mappo_top_p"),
     ("mappo_max_new_tokens_qr", "mappo_max_new_tokens_selector",
