@@ -257,7 +257,9 @@ def test_the_keys_resolve_to_each_algorithms_settings() -> None:
 
 @pytest.mark.parametrize(("config", "message"), [
     ({"mappo_algorithm": "rloo", "mappo_grpo_normalise": "mean"},
-     "mappo_grpo_normalise: mean does not apply to mappo_algorithm: rloo"),
+     "mappo_grpo_normalise: mean does not apply to mappo_algorithm: rloo, whose group "
+     "advantage is rloo; set mappo_grpo_normalise to mean_std "
+     "\\(the default mean_std selects rloo\\)"),
     ({"mappo_algorithm": "dapo", "mappo_loss_averaging": "sequence"},
      "mappo_algorithm: dapo averages its loss by token; remove"),
     ({"mappo_algorithm": "reinforce_plus_plus", "mappo_kl_loss_coef": 0.1},

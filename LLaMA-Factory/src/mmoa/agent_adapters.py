@@ -112,14 +112,14 @@ def rows_by_agent(model: Any, agents: Sequence[str]) -> list[tuple[str | None, l
     return sorted(parts.items())
 
 
-def zero_touch(model: Any) -> Any:
-    """``0 * sum(every adapter parameter)``, or ``None``: added to a forward's output so that
-    every adapter gets a gradient (zero for an agent with no row in the batch). DDP expects a
-    gradient for every trainable parameter on every process, and a micro-batch holds any mix of
-    agents; the zero gradient also keeps one and several processes computing the same update."""
+def zero_touch(params: Sequence[Any]) -> Any:
+    """``0 * sum(params)``, or ``None`` for no ``params``: added to a forward's output so that
+    every adapter parameter (:func:`adapter_parameters`, listed once by the caller) gets a
+    gradient, zero for an agent with no row in the batch. DDP expects a gradient for every
+    trainable parameter on every process, and a micro-batch holds any mix of agents; the zero
+    gradient also keeps one and several processes computing the same update."""
     import torch
 
-    params = adapter_parameters(model)
     if not params or not torch.is_grad_enabled():
         return None
     return sum(p.sum() for p in params) * 0.0

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from mmoa.train.mappo.ppo_math import (
+    GROUP_NORMALISATIONS,
     _group_rewards,
     compute_gae,
     group_relative_advantages,
@@ -401,8 +402,12 @@ class Algorithm:
             return normalise
         if normalise == "mean_std":
             return self.group_advantages[0]
+        choices = " or ".join(n for n in GROUP_NORMALISATIONS
+                              if n == "mean_std" or n in self.group_advantages)
         raise ValueError(f"mappo_grpo_normalise: {normalise} does not apply to mappo_algorithm: "
-                         f"{self.name}, whose group advantage is {self.group_advantages[0]}")
+                         f"{self.name}, whose group advantage is {self.group_advantages[0]}; "
+                         f"set mappo_grpo_normalise to {choices} (the default mean_std "
+                         f"selects {self.group_advantages[0]})")
 
     def resolve_loss_averaging(self, averaging: str) -> str:
         return self.loss_averaging or averaging

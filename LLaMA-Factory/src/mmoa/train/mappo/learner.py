@@ -38,7 +38,13 @@ import torch
 from torch import nn
 
 from mmoa import defaults
-from mmoa.agent_adapters import adapters_disabled, rows_by_agent, use_agent, zero_touch
+from mmoa.agent_adapters import (
+    adapter_parameters,
+    adapters_disabled,
+    rows_by_agent,
+    use_agent,
+    zero_touch,
+)
 from mmoa.train.mappo.algorithms import (
     ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
@@ -103,6 +109,9 @@ class PolicyWithValue(nn.Module):
         self.group_by_length = True
         # A separate reference is kept out of the module tree: not trained, not saved.
         self._ref = [ref_model] if ref_model is not None else []
+        #: The per-agent adapters' parameters, listed on the first forward (after the
+        #: adapters are added) instead of walking every parameter name on each one.
+        self._adapter_params: list[nn.Parameter] | None = None
 
     @property
     def config(self) -> Any:
@@ -158,7 +167,9 @@ class PolicyWithValue(nn.Module):
         logits = torch.cat(logit_parts)
         hidden = torch.empty_like(hidden).index_copy(0, order, hidden)
         logits = torch.empty_like(logits).index_copy(0, order, logits)
-        touch = zero_touch(self.policy)
+        if self._adapter_params is None:
+            self._adapter_params = adapter_parameters(self.policy)
+        touch = zero_touch(self._adapter_params)
         if touch is not None:
             logits = logits + touch
         return hidden, logits
