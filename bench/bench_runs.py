@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mmoa.agent_adapters import MARKER_FILE
 from mmoa.fileio import atomic_write_json
 from mmoa.precision import PRECISION_CHOICES
 
@@ -55,6 +56,21 @@ def last_checkpoint(output_dir: Path) -> Path | None:
     checkpoints = [p for p in output_dir.glob("checkpoint-*") if p.is_dir()
                    and p.name.split("-")[-1].isdigit()]
     return max(checkpoints, key=lambda p: int(p.name.split("-")[-1])) if checkpoints else None
+
+
+def model_arguments(model: Path, base: str | Path | None = None) -> list[str]:
+    """The evaluator's model options for a training output: a full model is the model itself;
+    a LoRA output (``finetuning_type: lora``: one adapter, or one per agent under
+    ``mappo_adapter_per_agent``) is an adapter over ``base``, the model it was trained from."""
+    if (model / "config.json").is_file():
+        return ["--model_name_or_path", str(model)]
+    if (model / "adapter_config.json").is_file() or (model / MARKER_FILE).is_file():
+        if base is None:
+            raise SystemExit(f"{model} holds LoRA adapters: the model they were trained from "
+                             "must be given to evaluate them")
+        return ["--model_name_or_path", str(base), "--adapter_name_or_path", str(model)]
+    raise SystemExit(f"{model}: neither a model (config.json) nor LoRA adapters "
+                     "(adapter_config.json, agent_adapters.json)")
 
 
 def per_question_f1(eval_dir: Path) -> dict[str, float]:

@@ -59,6 +59,7 @@ from bench_runs import (
     RESULT,
     code_version,
     last_checkpoint,
+    model_arguments,
     paired_gain,
     per_question_f1,
     rollout_limits,
@@ -92,15 +93,16 @@ def rl_config(args: argparse.Namespace) -> str:
 TARGET_SEEDS = 3
 
 
-def evaluate(model: Path, args: argparse.Namespace, out: Path, mode: str = "qr_s_g"
-             ) -> dict[str, Any]:
+def evaluate(model: Path, args: argparse.Namespace, out: Path, mode: str = "qr_s_g",
+             base: str | Path | None = None) -> dict[str, Any]:
     """The pipeline of ``mode`` (``qr_s_g``; ``rag`` for retrieve-then-generate) on
     ``args.eval_file`` with the RL config's generation limits; its ``metrics.json``. Other
     benches (``side_by_side.py``) evaluate their three-agent rows with it, so that every
     three-agent figure is scored the same way; ``args.scoring`` (absent: the evaluator's
-    default profile) picks the scoring, e.g. ``hotpotqa`` on real HotpotQA files."""
+    default profile) picks the scoring, e.g. ``hotpotqa`` on real HotpotQA files. ``base``:
+    the model a LoRA ``model`` was trained from (see :func:`model_arguments`)."""
     template = MODELS[args.model][1]
-    command = [sys.executable, "evaluate/evaluate_qr_s_g.py", "--model_name_or_path", str(model),
+    command = [sys.executable, "evaluate/evaluate_qr_s_g.py", *model_arguments(model, base),
                "--template", template, "--data_file", args.eval_file, "--mode", mode,
                "--k", str(args.k), "--retriever_url", args.eval_retriever_url or args.retriever_url,
                "--precision", args.precision, *rollout_limits(rl_config(args)),
@@ -277,7 +279,7 @@ def mappo_run(args: argparse.Namespace, work: Path, name: str, seed: int, agents
         trained.touch()
         for checkpoint in output.glob("checkpoint-*"):  # the final model is in output itself
             shutil.rmtree(checkpoint)
-    metrics = evaluate(output, args, run_dir / "eval")
+    metrics = evaluate(output, args, run_dir / "eval", base=sft_model)
     return _finish(run_dir, {"seed": seed, "agents": agents, "algorithm": args.algorithm,
                              "model": str(output),
                              "code_version": code.read_text().strip(),

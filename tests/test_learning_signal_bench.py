@@ -146,3 +146,23 @@ def test_the_rl_config_follows_the_algorithm(bench):
         assert ppo == bench.MODELS[model][3]
         assert yaml.safe_load((ROOT / grpo).read_text())["mappo_algorithm"] == "grpo"
         assert yaml.safe_load((ROOT / ppo).read_text()).get("mappo_algorithm", "ppo") == "ppo"
+
+
+def test_a_lora_output_is_evaluated_as_adapters_over_the_model_it_was_trained_from(
+        bench, tmp_path):
+    full, single, per_agent, empty = (tmp_path / name for name in
+                                      ("full", "single", "per_agent", "empty"))
+    for folder in (full, single, per_agent, empty):
+        folder.mkdir()
+    (full / "config.json").write_text("{}")
+    (single / "adapter_config.json").write_text("{}")
+    (per_agent / "agent_adapters.json").write_text("{}")
+    assert bench.model_arguments(full, "warm") == ["--model_name_or_path", str(full)]
+    assert bench.model_arguments(single, "warm") == [
+        "--model_name_or_path", "warm", "--adapter_name_or_path", str(single)]
+    assert bench.model_arguments(per_agent, tmp_path / "warm") == [
+        "--model_name_or_path", str(tmp_path / "warm"), "--adapter_name_or_path", str(per_agent)]
+    with pytest.raises(SystemExit, match="the model they were trained from"):
+        bench.model_arguments(single)
+    with pytest.raises(SystemExit, match="neither a model"):
+        bench.model_arguments(empty, "warm")
