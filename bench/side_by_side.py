@@ -81,7 +81,10 @@ The real HotpotQA files (``../shared/data/hotpotqa_fullwiki_486``; corpus and in
         --json-out bench/results/side_by_side_real_smollm2.json
 
 ``--report JSON`` prints the table of an existing JSON (and writes ``--markdown`` / ``--plot``)
-without running anything. Prints the table; writes the JSON, the markdown and a bar plot of F1
+without running anything. ``--report REAL.json DEMO.json --readme README.md`` writes one table
+with a column per JSON (F1 +- SE and the paired gain of each row) between the README's
+``<!-- side-by-side:begin`` and ``<!-- side-by-side:end -->`` lines, the results table the
+README shows. Prints the table; writes the JSON, the markdown and a bar plot of F1
 +- SE per row (PNG, default beside the JSON).
 """
 
@@ -695,6 +698,62 @@ def write_plot(result: dict[str, Any], path: Path) -> None:
     plt.close(figure)
 
 
+#: Column titles of the named worlds in the combined (README) table.
+WORLD_TITLES = {"demo": "demo world", "real": "real HotpotQA"}
+README_BEGIN = "<!-- side-by-side:begin"
+README_END = "<!-- side-by-side:end -->"
+
+
+def column_title(result: dict[str, Any]) -> str:
+    """A JSON's column in the combined table: its world (or test file), split and size."""
+    table = result["table"]
+    name = WORLD_TITLES.get(result.get("config", {}).get("world") or "",
+                            Path(table["eval_file"]).stem)
+    n = next((r["num_questions"] for r in _ordered(result) if r["status"] == "ok"), None)
+    return f"{name}, {table['eval_split']} ({'?' if n is None else n} q.)"
+
+
+def combined_cell(row: dict[str, Any] | None) -> str:
+    """F1 +- SE and the paired gain over the row's ``vs`` row; "not run" / "failed"."""
+    if row is None:
+        return "not run"
+    if row["status"] != "ok":
+        return "failed"
+    cell = f"{_pct(row['f1'])} +- {_pct(row['f1_se'])}"
+    paired = row.get("paired")
+    if paired:
+        cell += f" ({100 * paired['gain']:+.1f} +- {_pct(paired['gain_se'])} vs {paired['vs']})"
+    return cell
+
+
+def format_combined(results: list[dict[str, Any]]) -> str:
+    """One markdown table of several JSONs (a column each), rows in the bench's method order;
+    a method appears where at least one JSON has it."""
+    methods = [m for m in METHODS if any(m in r["rows"] for r in results)]
+    models = sorted({r["table"]["model"] for r in results})
+    lines = [f"| method ({', '.join(models)}) | pipeline | "
+             + " | ".join(column_title(r) for r in results) + " |",
+             "| --- | --- |" + " ---: |" * len(results)]
+    for method in methods:
+        spec = METHODS[method]
+        lines.append(f"| {spec.label} | `{spec.pipeline}` | "
+                     + " | ".join(combined_cell(r["rows"].get(method)) for r in results)
+                     + " |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_readme_block(text: str, block: str) -> str:
+    """``text`` with the lines between the side-by-side markers replaced by ``block`` (the
+    marker lines kept); refused where the markers are missing or out of order."""
+    lines = text.splitlines(keepends=True)
+    begin = [i for i, line in enumerate(lines) if line.startswith(README_BEGIN)]
+    end = [i for i, line in enumerate(lines) if line.strip() == README_END]
+    if len(begin) != 1 or len(end) != 1 or end[0] < begin[0]:
+        raise SystemExit(f"--readme: expected one {README_BEGIN!r} line and one "
+                         f"{README_END!r} line after it")
+    return "".join(lines[:begin[0] + 1]) + block + "".join(lines[end[0]:])
+
+
 def row_line(row: dict[str, Any]) -> str:
     if row["status"] != "ok":
         return f"failed: {row.get('error', '').strip().splitlines()[-1:]}"
@@ -751,9 +810,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--markdown", help="also write the table as markdown here")
     parser.add_argument("--plot", help="the bar plot PNG (default: the JSON's path, .png)")
     parser.add_argument("--no-plot", dest="no_plot", action="store_true")
-    parser.add_argument("--report", metavar="JSON",
-                        help="print the table of this JSON (and write --markdown / --plot); "
-                             "nothing is run")
+    parser.add_argument("--report", metavar="JSON", nargs="+",
+                        help="print the table of each JSON (and write --markdown / --plot of "
+                             "one); nothing is run")
+    parser.add_argument("--readme", metavar="README",
+                        help="with --report: write the JSONs' combined table (a column each) "
+                             "between this file's side-by-side markers")
     parser.add_argument("overrides", nargs="*", metavar="[METHOD.]KEY=VALUE",
                         help="overrides of every training, or of one row's (e.g. "
                              "mappo.max_steps=4)")
@@ -801,11 +863,20 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.readme and not args.report:
+        parser.error("--readme needs --report JSON [JSON ...]")
     if args.report:
-        path = Path(args.report)
-        result = json.loads(path.read_text())
-        print(format_table(result))
-        write_outputs(result, args, path)
+        paths = [Path(p) for p in args.report]
+        results = [json.loads(p.read_text()) for p in paths]
+        for result in results:
+            print(format_table(result), end="\n\n")
+        if len(results) == 1:
+            write_outputs(results[0], args, paths[0])
+        elif args.markdown or args.plot:
+            parser.error("--markdown / --plot take one --report JSON")
+        if args.readme:
+            readme = Path(args.readme)
+            readme.write_text(replace_readme_block(readme.read_text(), format_combined(results)))
         return
     resolve(args, parser)
     split_overrides(args.overrides)  # a malformed override stops here, before any run

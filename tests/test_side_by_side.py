@@ -102,6 +102,40 @@ def test_paired_gain_against_the_vs_row_and_the_table(sbs):
         "| method", "| ---", "| sft", "| mappo", "| grpo"]
 
 
+def test_the_readme_table_has_a_column_per_json(sbs, tmp_path):
+    """``--report A B --readme`` writes one table between the markers, rows in method order,
+    "not run" where a JSON lacks the row; the text around the markers is kept."""
+    def result(world: str, rows: dict[str, Any]) -> dict[str, Any]:
+        out = {"table": {"model": "smollm2", "eval_split": "test", "eval_file": f"{world}.json",
+                         "scoring": "demo"}, "config": {"world": world},
+               "order": list(rows), "rows": rows}
+        sbs.add_paired(out)
+        return out
+
+    real = result("real", {"mappo": _row("mappo", {"a": 1.0, "b": 0.5}, vs="sft"),
+                           "sft": _row("sft", {"a": 0.0, "b": 0.5})})
+    demo = result("demo", {"sft": _row("sft", {"a": 0.5, "b": 0.5})})
+    paths = []
+    for name, value in (("real", real), ("demo", demo)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(value))
+    readme = tmp_path / "README.md"
+    readme.write_text("# title\n<!-- side-by-side:begin (from the bench) -->\nold\n"
+                      "<!-- side-by-side:end -->\nafter\n")
+    sbs.main(["--report", *map(str, paths), "--readme", str(readme)])
+    lines = readme.read_text().splitlines()
+    assert lines[:2] == ["# title", "<!-- side-by-side:begin (from the bench) -->"]
+    assert lines[-2:] == ["<!-- side-by-side:end -->", "after"]
+    assert lines[2] == ("| method (smollm2) | pipeline | real HotpotQA, test (2 q.) "
+                        "| demo world, test (2 q.) |")
+    assert lines[4] == "| three-agent SFT (warm start) | `qr_s_g` | 25.0 +- 10.0 | 50.0 +- 10.0 |"
+    assert lines[5] == ("| three-agent MAPPO | `qr_s_g` | 75.0 +- 10.0 (+50.0 +- 50.0 vs sft) "
+                        "| not run |")
+    with pytest.raises(SystemExit, match="side-by-side:end"):
+        sbs.replace_readme_block("<!-- side-by-side:end -->\n<!-- side-by-side:begin -->\n",
+                                 "x\n")
+
+
 def test_a_failed_stage_is_the_rows_error_not_the_tables(sbs, tmp_path, monkeypatch):
     """``run_logged`` exits (SystemExit) when a stage's process fails: the row records it."""
     from bench_runs import run_logged
