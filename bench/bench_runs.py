@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -38,7 +39,21 @@ def run_logged(command: list[str], log: Path) -> None:
         result = subprocess.run(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT,
                                 check=False)
     if result.returncode != 0:
-        raise SystemExit(f"failed ({result.returncode}): {' '.join(command)}\n  see {log}")
+        raise SystemExit(f"failed ({exit_reason(result.returncode)}): {' '.join(command)}\n"
+                         f"  see {log}")
+
+
+def exit_reason(returncode: int) -> str:
+    """A process's exit status in words: the code, or the signal that ended it (a SIGKILL
+    nobody sent is usually the kernel's out-of-memory killer; the log then just stops)."""
+    if returncode >= 0:
+        return str(returncode)
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    hint = ", out of memory? see dmesg" if -returncode == signal.SIGKILL else ""
+    return f"{returncode}, {name}{hint}"
 
 
 def mmoa_cli(*argv: str) -> list[str]:

@@ -39,10 +39,11 @@ and evaluation; a dependency's time is in its own row).
 Resumable run by run: each finished row is written to the JSON at once; a rerun skips every row
 whose method and settings (its key: the table's files and model, the precision, the row's
 overrides and the keys of the rows it starts from) match a finished one, and an interrupted
-training resumes from its last checkpoint. The key does not cover the contents of a row's config
-file: after editing one, remove that row's folder (``<work-dir>/<method>-<key>``) to rerun it. A failed row is recorded with its error and the
-others still run; the next invocation tries it again. A JSON holds one table: a rerun with
-other files, model, split or ``--max-eval`` is refused (give another ``--json-out``).
+training resumes from its last checkpoint. The key does not cover the contents of a row's
+config file: after editing one, remove that row's folder (``<work-dir>/<method>-<key>``) to
+rerun it. A failed row is recorded with its error and the others still run; the next
+invocation tries it again. A JSON holds one table: a rerun with other files, model, split or
+``--max-eval`` is refused (give another ``--json-out``).
 
 Overrides: ``key=value`` goes to every training, ``METHOD.key=value`` to that row's training
 only (e.g. ``mappo.max_steps=4 grpo.learning_rate=1e-5 harr.retriever_reward=f1``).

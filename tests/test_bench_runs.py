@@ -200,3 +200,17 @@ def test_toa_bench_datasets_round_trip_through_the_archive(runs, tmp_path: Path,
     for name in entries:
         assert (tmp_path / "fresh" / f"{name}.json").read_text() == \
             (data / f"{name}.json").read_text()
+
+
+def test_a_killed_stage_names_its_signal(runs, tmp_path: Path) -> None:
+    """A stage the kernel killed (SIGKILL, as the out-of-memory killer does) says so, where
+    the bare exit status -9 read like the stage's own failure."""
+    assert runs.exit_reason(3) == "3"
+    assert runs.exit_reason(-15) == "-15, SIGTERM"
+    log = tmp_path / "stage.log"
+    with pytest.raises(SystemExit) as raised:
+        runs.run_logged([sys.executable, "-c",
+                         "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], log)
+    message = str(raised.value)
+    assert message.startswith("failed (-9, SIGKILL, out of memory? see dmesg): ")
+    assert message.endswith(f"see {log}")
