@@ -610,6 +610,16 @@ def _seconds(value: float | None) -> str:
     return f"{value:.0f} s" if value < 120 else f"{value / 60:.1f} min"
 
 
+def _f1(row: dict[str, Any]) -> str:
+    """An ok row's F1 +- SE (percent)."""
+    return f"{_pct(row['f1'])} +- {_pct(row['f1_se'])}"
+
+
+def _gain(paired: dict[str, Any]) -> str:
+    """A paired gain +- SE and the row it is measured against."""
+    return f"{100 * paired['gain']:+.1f} +- {_pct(paired['gain_se'])} vs {paired['vs']}"
+
+
 def table_cells(row: dict[str, Any]) -> list[str]:
     """A row's cells: method, pipeline, F1 +- SE, EM, paired gain +- SE (vs), cand. recall,
     wall time."""
@@ -617,10 +627,8 @@ def table_cells(row: dict[str, Any]) -> list[str]:
         return [row["label"], row["pipeline"], "failed (below)", "-", "-", "-",
                 _seconds(row.get("seconds"))]
     paired = row.get("paired")
-    gain = (f"{100 * paired['gain']:+.1f} +- {_pct(paired['gain_se'])} vs {paired['vs']}"
-            if paired else "-")
-    return [row["label"], row["pipeline"], f"{_pct(row['f1'])} +- {_pct(row['f1_se'])}",
-            _pct(row["em"]), gain, _pct(row.get("candidate_recall")),
+    return [row["label"], row["pipeline"], _f1(row), _pct(row["em"]),
+            _gain(paired) if paired else "-", _pct(row.get("candidate_recall")),
             _seconds(row.get("seconds"))]
 
 
@@ -643,12 +651,17 @@ def _failures(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _num_questions(result: dict[str, Any]) -> str:
+    """The questions the table's rows were evaluated on ("?" before any row finished)."""
+    n = next((r["num_questions"] for r in _ordered(result) if r["status"] == "ok"), None)
+    return "?" if n is None else str(n)
+
+
 def _caption(result: dict[str, Any]) -> str:
     table = result["table"]
-    n = next((r["num_questions"] for r in _ordered(result) if r["status"] == "ok"), None)
     return (f"model {table['model']}, {table['eval_split']} split "
             f"{Path(table['eval_file']).name}"
-            f" ({'?' if n is None else n} questions), scoring {table['scoring']}")
+            f" ({_num_questions(result)} questions), scoring {table['scoring']}")
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -711,8 +724,7 @@ def column_title(result: dict[str, Any]) -> str:
     table = result["table"]
     name = WORLD_TITLES.get(result.get("config", {}).get("world") or "",
                             Path(table["eval_file"]).stem)
-    n = next((r["num_questions"] for r in _ordered(result) if r["status"] == "ok"), None)
-    return f"{name}, {table['eval_split']} ({'?' if n is None else n} q.)"
+    return f"{name}, {table['eval_split']} ({_num_questions(result)} q.)"
 
 
 def combined_cell(row: dict[str, Any] | None) -> str:
@@ -721,11 +733,8 @@ def combined_cell(row: dict[str, Any] | None) -> str:
         return "not run"
     if row["status"] != "ok":
         return "failed"
-    cell = f"{_pct(row['f1'])} +- {_pct(row['f1_se'])}"
     paired = row.get("paired")
-    if paired:
-        cell += f" ({100 * paired['gain']:+.1f} +- {_pct(paired['gain_se'])} vs {paired['vs']})"
-    return cell
+    return f"{_f1(row)} ({_gain(paired)})" if paired else _f1(row)
 
 
 def format_combined(results: list[dict[str, Any]]) -> str:
@@ -868,14 +877,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.readme and not args.report:
         parser.error("--readme needs --report JSON [JSON ...]")
     if args.report:
+        if len(args.report) > 1 and (args.markdown or args.plot):
+            parser.error("--markdown / --plot take one --report JSON")
         paths = [Path(p) for p in args.report]
         results = [json.loads(p.read_text()) for p in paths]
         for result in results:
             print(format_table(result), end="\n\n")
         if len(results) == 1:
             write_outputs(results[0], args, paths[0])
-        elif args.markdown or args.plot:
-            parser.error("--markdown / --plot take one --report JSON")
         if args.readme:
             readme = Path(args.readme)
             readme.write_text(replace_readme_block(readme.read_text(), format_combined(results)))
