@@ -55,6 +55,19 @@ def test_overrides_split_by_method(sbs):
         sbs.split_overrides(["max_steps"])
 
 
+def test_precision_overrides_skip_the_harr_row(sbs, tmp_path):
+    """HARR's stage refuses the LLM trainers' precision keys; its other overrides still apply."""
+    parser = sbs.build_parser()
+    args = parser.parse_args(["--train-file", __file__, "--test-file", __file__, "--scoring",
+                              "demo", "--work-dir", str(tmp_path), "--precision", "bf16",
+                              "bf16=true", "use_cpu=true", "seed=3", "harr.max_steps=2"])
+    sbs.resolve(args, parser)
+    bench = sbs.SideBySide(args)
+    assert bench.training("harr")[1:] == ["seed=3", "max_steps=2"]
+    mappo = bench.training("mappo")[1:]
+    assert mappo[-3:] == ["bf16=true", "use_cpu=true", "seed=3"]
+
+
 def test_dependencies_run_first_in_the_order_given(sbs):
     assert sbs.with_dependencies(["grpo", "zero_shot", "mappo"]) == [
         "sft", "grpo", "zero_shot", "mappo"]
