@@ -17,6 +17,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,7 @@ from mmoa.precision import PRECISION_CHOICES
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "result.json"
+ATTEMPT = "attempt.json"
 
 
 def run_logged(command: list[str], log: Path) -> None:
@@ -129,18 +131,78 @@ def rollout_limits(mappo_config: str) -> list[str]:
             (f"--max_new_tokens_{agent}", str(config[f"mappo_max_new_tokens_{agent}"]))]
 
 
+class AttemptClock:
+    """Wall time of a stage over all its attempts, kept in ``<folder>/attempt.json``.
+
+    A stage of hours is often stopped before its end (a session's end, an out-of-memory kill)
+    and resumed from its checkpoint by a later invocation; its time is the sum of its attempts,
+    not the last one's. The clock writes its attempt's seconds every ``heartbeat_s`` seconds
+    from a thread, so an attempt killed at once (SIGKILL) is still counted to within that, and
+    a later attempt adds its own; ``finish`` removes the file once the stage's result is kept.
+    """
+
+    def __init__(self, folder: Path, heartbeat_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = folder / ATTEMPT
+        self.heartbeat_s, self.clock = heartbeat_s, clock
+        kept = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.earlier = kept.get("earlier_seconds", 0.0) + kept.get("seconds", 0.0)
+        self.attempts = kept.get("attempts", 0) + 1
+        self.started = 0.0
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    @property
+    def seconds(self) -> float:
+        """This attempt's seconds so far."""
+        return self.clock() - self.started
+
+    @property
+    def total(self) -> float:
+        """Every attempt's seconds, this one's so far included."""
+        return self.earlier + self.seconds
+
+    def _write(self) -> None:
+        atomic_write_json(self.path, {"attempts": self.attempts, "earlier_seconds":
+                                      round(self.earlier, 1), "seconds": round(self.seconds, 1)})
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            self._write()
+
+    def __enter__(self) -> AttemptClock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.started = self.clock()
+        self._write()
+        self._beat = threading.Thread(target=self._heartbeat, daemon=True)
+        self._beat.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+        self._write()
+
+    def finish(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
 def stage(work: Path, name: str, produce: Callable[[], dict[str, Any]], script: str
           ) -> dict[str, Any]:
-    """Run ``produce()`` once: its result, with the seconds it took and the code version, is
-    kept in ``<work>/<name>/result.json`` and read back by every later call."""
+    """Run ``produce()`` once: its result, with the seconds it took (every attempt's, see
+    :class:`AttemptClock`), its number of attempts and the code version, is kept in
+    ``<work>/<name>/result.json`` and read back by every later call."""
     path = work / name / RESULT
     if path.is_file():
         return json.loads(path.read_text())
-    started = time.perf_counter()
-    result = produce()
-    result["seconds"] = round(time.perf_counter() - started, 1)
+    with AttemptClock(path.parent) as clock:
+        result = produce()
+    result["seconds"] = round(clock.total, 1)
+    result["attempts"] = clock.attempts
     result["code"] = code_version(script)
     atomic_write_json(path, result)
+    clock.finish()
     return result
 
 

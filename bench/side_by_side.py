@@ -34,7 +34,7 @@ warm start; an RL row over its SFT; HARR over ``sft_rag``, the same generator wi
 encoder; an SFT row over the base model: ``zero_shot`` / ``zero_shot_rag``) with the standard
 error of the paired difference, the candidates' recall of the gold passages where the pipeline
 retrieves a fixed candidate list (``qr_s_g``, ``rag``), and the row's wall time (its own training
-and evaluation; a dependency's time is in its own row).
+and evaluation, summed over the invocations that ran it; a dependency's time is in its own row).
 
 Resumable run by run: each finished row is written to the JSON at once; a rerun skips every row
 whose method and settings (its key: the table's files and model, the precision, the row's

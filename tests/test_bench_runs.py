@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,59 @@ def test_a_finished_stage_is_read_back_not_run_again(runs, tmp_path: Path) -> No
     assert calls == [1]
     assert first == second and first["f1"] == 0.5 and "seconds" in first and "code" in first
     assert json.loads((tmp_path / "sft" / "result.json").read_text()) == first
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_stage_resumed_after_a_kill_counts_every_attempt(runs, tmp_path: Path,
+                                                            monkeypatch) -> None:
+    """A failed attempt (30 s) and one killed after its last heartbeat (recorded: 100 s, as the
+    heartbeat thread writes it) are added to the attempt that finishes (5 s)."""
+    clock = FakeClock()
+    real = runs.AttemptClock
+    monkeypatch.setattr(runs, "AttemptClock",
+                        lambda folder: real(folder, heartbeat_s=3600.0, clock=clock))
+
+    def fail() -> dict:
+        clock.now += 30.0
+        raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError):
+        runs.stage(tmp_path, "rl", fail, "bench/search_agent.py")
+    attempt = tmp_path / "rl" / "attempt.json"
+    assert json.loads(attempt.read_text()) == {"attempts": 1, "earlier_seconds": 0.0,
+                                               "seconds": 30.0}
+    # the second attempt is SIGKILLed: what is on disk is its last heartbeat
+    runs.atomic_write_json(attempt, {"attempts": 2, "earlier_seconds": 30.0, "seconds": 100.0})
+
+    def succeed() -> dict:
+        clock.now += 5.0
+        return {"f1": 0.25}
+
+    result = runs.stage(tmp_path, "rl", succeed, "bench/search_agent.py")
+    assert result["seconds"] == 135.0 and result["attempts"] == 3 and result["f1"] == 0.25
+    assert not attempt.exists()
+
+
+def test_the_attempt_clock_heartbeat_writes_while_the_stage_runs(runs, tmp_path: Path) -> None:
+    """The thread keeps the attempt's seconds on disk without waiting for the stage's end."""
+    clock = FakeClock()
+    path = tmp_path / "attempt.json"
+    with runs.AttemptClock(tmp_path, heartbeat_s=0.01, clock=clock):
+        clock.now += 42.0
+        for _ in range(500):
+            if path.is_file() and json.loads(path.read_text())["seconds"] == 42.0:
+                break
+            threading.Event().wait(0.01)
+        assert json.loads(path.read_text())["seconds"] == 42.0
 
 
 def test_archived_stages_resume_a_fresh_checkout(runs, tmp_path: Path) -> None:
