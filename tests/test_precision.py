@@ -9,6 +9,7 @@ from mmoa.precision import (
     autocast,
     cpu_has_bf16,
     device_type_of,
+    inference_weights_dtype,
     resolve_precision,
     train_overrides,
 )
@@ -47,3 +48,32 @@ def test_autocast_computes_in_bf16_only_when_asked() -> None:
 
 def test_device_type_is_where_the_parameters_sit() -> None:
     assert device_type_of(torch.nn.Linear(2, 2)) == "cpu"
+
+
+def test_inference_weights_are_bf16_only_on_a_gpu_at_bf16() -> None:
+    assert inference_weights_dtype("bf16", on_gpu=True) == "bfloat16"
+    assert inference_weights_dtype("bf16", on_gpu=False) == "float32"
+    assert inference_weights_dtype("fp32", on_gpu=True) == "float32"
+    assert inference_weights_dtype("fp32", on_gpu=False) == "float32"
+
+
+def test_inference_args_carry_the_rules_dtype(tmp_path) -> None:
+    from mmoa.modeling import inference_args
+
+    assert inference_args(tmp_path, "smollm2", "bf16", on_gpu=True)["infer_dtype"] == "bfloat16"
+    assert inference_args(tmp_path, "smollm2", "bf16", on_gpu=False)["infer_dtype"] == "float32"
+    assert inference_args(tmp_path, "smollm2", "fp32", on_gpu=True)["infer_dtype"] == "float32"
+    with pytest.raises(ValueError, match="precision must be one of"):
+        inference_args(tmp_path, "smollm2", "fp16", on_gpu=True)
+
+
+def test_the_loaded_weights_have_the_dtype_the_rule_names(tiny_model_dir, monkeypatch) -> None:
+    """On this CPU the rule names fp32; forced to bf16 (what it names on a GPU), the loaded
+    weights are bf16 although llamafactory loads a checkpoint's own dtype (fp32 here)."""
+    import mmoa.modeling as modeling
+
+    model, _ = modeling.load_for_inference(tiny_model_dir, "llama3", precision="bf16")
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    monkeypatch.setattr(modeling, "inference_weights_dtype", lambda precision, on_gpu: "bfloat16")
+    model, _ = modeling.load_for_inference(tiny_model_dir, "llama3", precision="bf16")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}

@@ -471,6 +471,8 @@ def eval_details(mode: str):
         if isinstance(metrics, dict):
             result.details["metrics"] = {k: v for k, v in metrics.items()
                                          if isinstance(v, int | float | str)}
+            # the dtype the model was evaluated in (bf16 weights on a GPU at bf16)
+            result.details["weights_dtype"] = metrics.get("config", {}).get("weights_dtype")
     return after
 
 

@@ -352,8 +352,8 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
         check_question_lengths(config, records, health)
     try:
         model, tokenizer = load_for_inference(
-            config.model_name_or_path, config.template, config.adapter_name_or_path
-        )
+            config.model_name_or_path, config.template, config.adapter_name_or_path,
+            precision=config.precision)
     except OSError as err:  # transformers' "Failed to load tokenizer." and the like: a traceback
         raise ValueError(f"model_name_or_path {config.model_name_or_path} cannot be loaded "
                          f"({type(err).__name__}: {str(err).strip().splitlines()[0]}); is it a "
@@ -392,7 +392,8 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
     total = time.perf_counter() - start
     metrics["seconds"] = {"total": total, **timings}
     metrics["seconds_per_question"] = total / len(rows) if rows else None
-    metrics["config"] = {**asdict(config), "precision": precision}
+    weights = str(next(model.parameters()).dtype).removeprefix("torch.")
+    metrics["config"] = {**asdict(config), "precision": precision, "weights_dtype": weights}
     out = Path(config.output_dir)
     atomic_write_jsonl(out / PREDICTIONS_FILE, rows)
     atomic_write_json(out / METRICS_FILE, metrics)

@@ -11,20 +11,37 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mmoa.agent_adapters import MARKER_FILE, load_agent_adapters, saved_agents
+from mmoa.precision import inference_weights_dtype, resolve_precision
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+def inference_args(model_dir: Path, template: str, precision: str, on_gpu: bool
+                   ) -> dict[str, object]:
+    """LLaMA-Factory's inference arguments of a local model: its weights' dtype from the one
+    precision rule (:func:`mmoa.precision.inference_weights_dtype`)."""
+    return {
+        "model_name_or_path": str(model_dir),
+        "template": template,
+        "infer_backend": "huggingface",
+        "finetuning_type": "lora",
+        "infer_dtype": inference_weights_dtype(resolve_precision(precision), on_gpu),
+    }
 
 
 def load_for_inference(
     model_name_or_path: str | Path,
     template: str,
     adapter_name_or_path: str | Path | None = None,
+    precision: str = "auto",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """``(model, tokenizer)`` in eval mode with left padding, on the GPU when there is one.
+    """``(model, tokenizer)`` in eval mode with left padding, on the GPU when there is one
+    (bf16 weights there at ``precision`` bf16; fp32 weights on a CPU).
 
     ``adapter_name_or_path`` may be an output of ``mappo_adapter_per_agent`` (a folder with
     ``agent_adapters.json``): each agent then runs with its own adapter."""
+    import torch
     from llamafactory.hparams import get_infer_args
     from llamafactory.model import load_model, load_tokenizer
 
@@ -34,12 +51,7 @@ def load_for_inference(
             f"{model_dir}: not a local model directory (no config.json); models are never "
             "downloaded, give the path of a saved model"
         )
-    args: dict[str, object] = {
-        "model_name_or_path": str(model_dir),
-        "template": template,
-        "infer_backend": "huggingface",
-        "finetuning_type": "lora",
-    }
+    args = inference_args(model_dir, template, precision, torch.cuda.is_available())
     per_agent = None
     if adapter_name_or_path and (Path(adapter_name_or_path) / MARKER_FILE).is_file():
         # one adapter per agent (mappo_adapter_per_agent): the base loads as LLaMA-Factory
@@ -57,5 +69,10 @@ def load_for_inference(
     model = load_model(tokenizer, model_args, finetuning_args, is_trainable=False)
     if per_agent is not None:
         model = load_agent_adapters(model, per_agent)
+    # llamafactory 0.9.5 loads the checkpoint's own dtype (``torch_dtype="auto"``) whatever
+    # ``infer_dtype`` says, so the rule's dtype is applied here
+    wanted = getattr(torch, str(args["infer_dtype"]))
+    if next(model.parameters()).dtype != wanted:
+        model.to(wanted)
     model.eval()
     return model, tokenizer

@@ -4,7 +4,10 @@ bf16 where the hardware computes it natively (a GPU with bf16, or a CPU with AVX
 fp32 elsewhere: on a CPU without those instructions bf16 is emulated and slower than fp32.
 Training uses bf16 *autocast* over fp32 weights (LLaMA-Factory's ``bf16: true``; on a CPU it also
 needs ``use_cpu: true``), so the optimiser still updates fp32 master weights; evaluation runs
-under the same autocast, so a model is evaluated with the arithmetic it was trained with.
+under the same autocast, so a model is evaluated with the arithmetic it was trained with. A model
+loaded only for inference (evaluation, data synthesis, the playground) holds bf16 *weights* on
+a GPU at bf16 (half the memory and no per-call casts; :func:`inference_weights_dtype`) and fp32
+weights under autocast on a CPU, where the figures of every run so far were measured.
 
 ``python -m mmoa.precision [auto|bf16|fp32]`` prints the resolved precision and the training
 overrides, for shell scripts (``run_demo.sh``).
@@ -58,6 +61,13 @@ def train_overrides(precision: Precision, on_gpu: bool) -> list[str]:
     if precision == "fp32":
         return ["bf16=false"]
     return ["bf16=true"] if on_gpu else ["bf16=true", "use_cpu=true"]
+
+
+def inference_weights_dtype(precision: Precision, on_gpu: bool) -> str:
+    """The dtype (a torch name) of a model loaded for inference: ``bfloat16`` on a GPU at bf16,
+    else ``float32`` (bf16 on a CPU comes from :func:`autocast` over fp32 weights, as in training;
+    a GPU without bf16 resolves to fp32, never to LLaMA-Factory's fp16 fallback)."""
+    return "bfloat16" if precision == "bf16" and on_gpu else "float32"
 
 
 @contextlib.contextmanager

@@ -156,7 +156,8 @@ class LocalModelPolicy:
         for spec in self.specs:
             if spec.weights_key not in self._loaded:
                 self._loaded[spec.weights_key] = _Loaded(*load_for_inference(
-                    spec.model_name_or_path, spec.template, spec.adapter_name_or_path))
+                    spec.model_name_or_path, spec.template, spec.adapter_name_or_path,
+                    precision=self._precision))
             loaded = self._loaded[spec.weights_key]
             settings = GenerationSettings(do_sample=True, temperature=spec.temperature,
                                           top_p=spec.top_p, max_new_tokens=self.max_new_tokens)
