@@ -46,9 +46,7 @@ invocation tries it again. A JSON holds one table: a rerun with other files, mod
 ``--max-eval`` is refused (give another ``--json-out``).
 
 Overrides: ``key=value`` goes to every training, ``METHOD.key=value`` to that row's training
-only (e.g. ``mappo.max_steps=4 grpo.learning_rate=1e-5 harr.retriever_reward=f1``). The
-LLM trainers' precision keys (``bf16``, ``use_cpu``, ...) given as ``key=value`` skip the HARR
-row: its query encoder trains in fp32 and its stage refuses them.
+only (e.g. ``mappo.max_steps=4 grpo.learning_rate=1e-5 harr.retriever_reward=f1``).
 
 JSON (``--json-out``, default ``<work-dir>/side_by_side.json``)::
 
@@ -203,9 +201,6 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            vs="sft_rag", data=("mappo",)),
 )}
 TRAINED = {name for name, m in METHODS.items() if m.data}
-#: The LLM trainers' precision keys: the query encoder's stage (HARR) trains in fp32 and refuses
-#: them, so a global ``bf16=true`` reaches every row but that one.
-LLM_PRECISION_KEYS = frozenset({"bf16", "fp16", "pure_bf16", "use_cpu"})
 
 
 class RowFailed(Exception):
@@ -330,15 +325,11 @@ class SideBySide:
 
     def training(self, name: str) -> list[str]:
         """The overrides of a row's training: its datasets' folder, the model's template where
-        the config is SmolLM2's, the precision (the LLM trainings), then ``key=value`` (for
-        HARR without the precision keys, which its stage refuses) and ``METHOD.key=value``."""
+        the config is SmolLM2's, the precision (the LLM trainings; HARR's query encoder
+        trains in fp32), then ``key=value`` and ``METHOD.key=value``."""
         template = [] if self.args.model == "smollm2" else [f"template={self.template}"]
-        precision, common = self.args.train_precision, self.common
-        if name == "harr":
-            precision = []
-            common = [item for item in common
-                      if item.partition("=")[0] not in LLM_PRECISION_KEYS]
-        return [f"dataset_dir={self.data_dir}", *template, *precision, *common,
+        precision = [] if name == "harr" else self.args.train_precision
+        return [f"dataset_dir={self.data_dir}", *template, *precision, *self.common,
                 *self.per_method[name]]
 
     # -- the benches' namespaces ------------------------------------------------------------
@@ -838,8 +829,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "between this file's side-by-side markers")
     parser.add_argument("overrides", nargs="*", metavar="[METHOD.]KEY=VALUE",
                         help="overrides of every training, or of one row's (e.g. "
-                             "mappo.max_steps=4); precision keys (bf16, use_cpu, ...) skip "
-                             "the HARR row, whose query encoder trains in fp32")
+                             "mappo.max_steps=4)")
     return parser
 
 

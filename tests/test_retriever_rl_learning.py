@@ -109,6 +109,10 @@ def test_config_keys_are_checked_by_name() -> None:
             args.retriever_group_size, args.retriever_cliprange) == (30, 3, 0.05, 8, 0.2)
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['finetuning_type'\]"):
         parse_retriever_rl_args({**base, "finetuning_type": "lora"})
+    # a config shared with the LLM stages: their precision keys mean nothing to the encoder
+    # (fp32), use_cpu keeps both models on the CPU
+    shared = parse_retriever_rl_args({**base, "bf16": True, "pure_bf16": False, "use_cpu": True})
+    assert shared.use_cpu is True and args.use_cpu is False
     with pytest.raises(ValueError, match=r"retriever_top_k \(4\) must not exceed"):
         parse_retriever_rl_args({**base, "retriever_top_k": 4, "retriever_pool_size": 3})
     with pytest.raises(ValueError, match="retriever_alpha must be a positive number"):

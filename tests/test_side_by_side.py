@@ -55,17 +55,28 @@ def test_overrides_split_by_method(sbs):
         sbs.split_overrides(["max_steps"])
 
 
-def test_precision_overrides_skip_the_harr_row(sbs, tmp_path):
-    """HARR's stage refuses the LLM trainers' precision keys; its other overrides still apply."""
+def test_precision_reaches_the_llm_rows_and_overrides_every_row(sbs, tmp_path):
+    """``--precision`` becomes the LLM trainings' keys, not HARR's (its encoder trains in fp32);
+    ``key=value`` reaches every row, HARR's included, whose stage accepts the precision keys."""
+    from mmoa.train.retriever_rl.args import parse_retriever_rl_args
+
     parser = sbs.build_parser()
     args = parser.parse_args(["--train-file", __file__, "--test-file", __file__, "--scoring",
                               "demo", "--work-dir", str(tmp_path), "--precision", "bf16",
                               "bf16=true", "use_cpu=true", "seed=3", "harr.max_steps=2"])
     sbs.resolve(args, parser)
     bench = sbs.SideBySide(args)
-    assert bench.training("harr")[1:] == ["seed=3", "max_steps=2"]
+    harr = bench.training("harr")[1:]
+    assert harr == ["bf16=true", "use_cpu=true", "seed=3", "max_steps=2"]
     mappo = bench.training("mappo")[1:]
+    assert mappo[:len(args.train_precision)] == args.train_precision
     assert mappo[-3:] == ["bf16=true", "use_cpu=true", "seed=3"]
+    config = dict(item.split("=", 1) for item in harr)
+    parsed = parse_retriever_rl_args({"model_name_or_path": "m", "template": "smollm2",
+                                      "dataset": "d", "output_dir": "o",
+                                      "retriever_index": "i", **config,
+                                      "use_cpu": True, "seed": 3, "max_steps": 2})
+    assert parsed.use_cpu is True and parsed.max_steps == 2
 
 
 def test_dependencies_run_first_in_the_order_given(sbs):

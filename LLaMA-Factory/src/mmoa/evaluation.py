@@ -350,10 +350,11 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
         health = retriever.health()
         check_server_limits(config, health)
         check_question_lengths(config, records, health)
+    precision = resolve_precision(config.precision)  # once: the weights and the autocast agree
     try:
         model, tokenizer = load_for_inference(
             config.model_name_or_path, config.template, config.adapter_name_or_path,
-            precision=config.precision)
+            precision=precision)
     except OSError as err:  # transformers' "Failed to load tokenizer." and the like: a traceback
         raise ValueError(f"model_name_or_path {config.model_name_or_path} cannot be loaded "
                          f"({type(err).__name__}: {str(err).strip().splitlines()[0]}); is it a "
@@ -371,7 +372,6 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
         set_seed(config.seed)
     pipeline = pipeline_for_mode(config.mode)
     run = pipeline.evaluator(model, tokenizer, retriever, settings, config)
-    precision = resolve_precision(config.precision)
     device_type = device_type_of(model)
     rows: list[dict[str, Any]] = []
     timings: dict[str, float] = {}

@@ -35,9 +35,10 @@ def load_for_inference(
     template: str,
     adapter_name_or_path: str | Path | None = None,
     precision: str = "auto",
+    use_cpu: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """``(model, tokenizer)`` in eval mode with left padding, on the GPU when there is one
-    (bf16 weights there at ``precision`` bf16; fp32 weights on a CPU).
+    """``(model, tokenizer)`` in eval mode with left padding, on the GPU when there is one and
+    ``use_cpu`` is not set (bf16 weights there at ``precision`` bf16; fp32 weights on a CPU).
 
     ``adapter_name_or_path`` may be an output of ``mappo_adapter_per_agent`` (a folder with
     ``agent_adapters.json``): each agent then runs with its own adapter."""
@@ -51,7 +52,8 @@ def load_for_inference(
             f"{model_dir}: not a local model directory (no config.json); models are never "
             "downloaded, give the path of a saved model"
         )
-    args = inference_args(model_dir, template, precision, torch.cuda.is_available())
+    on_gpu = torch.cuda.is_available() and not use_cpu
+    args = inference_args(model_dir, template, precision, on_gpu)
     per_agent = None
     if adapter_name_or_path and (Path(adapter_name_or_path) / MARKER_FILE).is_file():
         # one adapter per agent (mappo_adapter_per_agent): the base loads as LLaMA-Factory
@@ -74,5 +76,7 @@ def load_for_inference(
     wanted = getattr(torch, str(args["infer_dtype"]))
     if next(model.parameters()).dtype != wanted:
         model.to(wanted)
+    if not on_gpu and next(model.parameters()).device.type != "cpu":
+        model.to("cpu")  # llamafactory places a model on the current accelerator
     model.eval()
     return model, tokenizer

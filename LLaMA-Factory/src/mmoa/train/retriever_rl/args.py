@@ -32,7 +32,8 @@ REWARDS = ("f1", "recall")
 #: to this stage; everything else that is not a field below is an error.
 IGNORED_KEYS = frozenset({"stage", "do_train", "report_to", "overwrite_output_dir",
                           "trust_remote_code", "cutoff_len", "disable_gradient_checkpointing",
-                          "preprocessing_num_workers", "overwrite_cache", "bf16", "fp16"})
+                          "preprocessing_num_workers", "overwrite_cache", "bf16", "fp16",
+                          "pure_bf16"})
 
 
 @dataclass
@@ -58,6 +59,9 @@ class RetrieverRLArguments:
     resume_from_checkpoint: str | None = None
     plot_loss: bool = True
     lr_scheduler_type: str = "constant"
+    #: Run the query encoder and the frozen generator on the CPU even where CUDA is present
+    #: (LLaMA-Factory's key; a config shared with the LLM stages may set it).
+    use_cpu: bool = False
 
     # --- the retrieval server and the index whose passage vectors stay frozen ---
     retriever_url: str = DEFAULT_URL

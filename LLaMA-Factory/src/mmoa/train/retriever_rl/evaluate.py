@@ -28,11 +28,12 @@ RECALL_AT = (3, 5)
 
 
 def frozen_generator(model_name_or_path: str, template: str, max_new_tokens: int,
-                     batch_size: int) -> Any:
-    """The frozen answerer of the stage and of its evaluation, loaded from a model folder."""
+                     batch_size: int, use_cpu: bool = False) -> Any:
+    """The frozen answerer of the stage and of its evaluation, loaded from a model folder
+    (on the CPU with ``use_cpu`` even where CUDA is present)."""
     from mmoa.modeling import load_for_inference
 
-    model, tokenizer = load_for_inference(model_name_or_path, template)
+    model, tokenizer = load_for_inference(model_name_or_path, template, use_cpu=use_cpu)
     return rag_generator(model, tokenizer, template, max_new_tokens, batch_size)
 
 

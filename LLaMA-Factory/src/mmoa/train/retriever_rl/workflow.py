@@ -87,7 +87,7 @@ class RetrieverRLTrainer:
             self.policy = QueryEncoderPolicy(
                 config, args.retriever_finetuning, args.retriever_lora_rank,
                 args.retriever_lora_alpha, args.retriever_lora_dropout, args.lora_targets,
-                device="cuda" if torch.cuda.is_available() else "cpu")
+                device="cuda" if torch.cuda.is_available() and not args.use_cpu else "cpu")
         except EncoderFolderError as err:  # names the file and the reason
             raise ValueError(f"retriever_encoder: {_one_line(err)}") from err
         except ValueError as err:
@@ -105,7 +105,8 @@ class RetrieverRLTrainer:
         if generator is None and self.answers_needed:
             generator = frozen_generator(args.model_name_or_path, args.template,
                                          args.retriever_max_new_tokens,
-                                         args.retriever_generator_batch_size)
+                                         args.retriever_generator_batch_size,
+                                         use_cpu=args.use_cpu)
         self.generator = generator if self.answers_needed else None
         self.step = 0
         self.log_history: list[dict[str, Any]] = []
