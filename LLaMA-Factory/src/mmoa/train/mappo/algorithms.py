@@ -84,8 +84,9 @@ class AdvantageInputs:
     old_logprobs: torch.Tensor
     ref_logprobs: torch.Tensor | None
     values: torch.Tensor | None
-    #: The KL controller's current value (beta) where the KL is a reward.
-    kl_coef: float
+    #: The KL controller's current value (beta) where the KL is a reward; a ``[B]`` tensor
+    #: with per-agent scales (``mappo_agent_kl_scale``).
+    kl_coef: float | torch.Tensor
     gamma: float = 1.0
     lam: float = 0.95
     whiten_advantages: bool = True

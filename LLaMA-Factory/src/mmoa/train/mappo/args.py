@@ -51,6 +51,28 @@ ALIASES = {"mmoa_pipeline": "mappo_pipeline"}
 GRPO_FILTERS: tuple[str, ...] = ("none", "skip")
 
 
+def parse_agent_kl_scale(text: str) -> dict[str, float]:
+    """``"qr=2,selector=4"`` -> ``{"qr": 2.0, "selector": 4.0}``; each name one of
+    :data:`~mmoa.agents.prompts.AGENTS` at most once, each multiplier finite and >= 0."""
+    scales: dict[str, float] = {}
+    for item in (part.strip() for part in str(text or "").split(",")):
+        if not item:
+            continue
+        name, sep, value = (x.strip() for x in item.partition("="))
+        if not sep or name not in AGENTS or name in scales:
+            raise ValueError(f"mappo_agent_kl_scale: expected AGENT=MULTIPLIER, each agent of "
+                             f"{', '.join(AGENTS)} at most once, got {item!r}")
+        try:
+            scale = float(value)
+        except ValueError:
+            scale = math.nan
+        if not (math.isfinite(scale) and scale >= 0):
+            raise ValueError(f"mappo_agent_kl_scale: {name}'s multiplier must be a finite "
+                             f"number >= 0, got {value!r}")
+        scales[name] = scale
+    return scales
+
+
 @dataclass
 class MappoArguments:
     """Everything MAPPO adds to a LLaMA-Factory config (all keys start with ``mappo_``)."""
@@ -216,6 +238,13 @@ class MappoArguments:
     mappo_init_kl_coef: float = defaults.INIT_KL_COEF
     mappo_kl_horizon: float = defaults.KL_HORIZON
     mappo_min_kl_coef: float = defaults.MIN_KL_COEF
+    mappo_agent_kl_scale: str = field(
+        default="",
+        metadata={"help": "Per-agent multipliers of the KL-to-warm-start reward, e.g. "
+                          "'selector=4' or 'qr=2,selector=4' (qr_s_g's agents; the others "
+                          "1): the KL that keeps an agent near its warm start, strengthened "
+                          "for one that drifts (the Selector's collapse to one document). "
+                          "Empty: one coefficient for all."})
     mappo_cliprange: float = defaults.CLIPRANGE
     mappo_cliprange_high: float | None = field(
         default=None,
@@ -353,6 +382,11 @@ class MappoArguments:
         if not (math.isfinite(penalty) and penalty <= 0):
             raise ValueError(f"mappo_search_format_penalty must be a finite number <= 0 (it is "
                              f"added to the reward), got {penalty}")
+        scales = self.agent_kl_scales  # parsed here, so a bad value fails before loading
+        if scales and self.algorithm.kl != "reward":
+            raise ValueError(f"mappo_agent_kl_scale scales the KL in the reward "
+                             f"(mappo_init_kl_coef); mappo_algorithm: {self.mappo_algorithm} "
+                             f"has none")
         if self.algorithm.kl != "loss" and self.mappo_kl_loss_coef > 0:
             with_loss = [a.name for a in map(get_algorithm, algorithm_names()) if a.kl == "loss"]
             raise ValueError(f"mappo_kl_loss_coef is the KL loss of mappo_algorithm: "
@@ -374,6 +408,11 @@ class MappoArguments:
         high = self.mappo_cliprange_high
         if high is not None and not (math.isfinite(high) and high > 0):
             raise ValueError(f"mappo_cliprange_high must be a finite number > 0, got {high}")
+
+    @property
+    def agent_kl_scales(self) -> dict[str, float]:
+        """``mappo_agent_kl_scale`` as ``{agent: multiplier}`` (agents not named: 1)."""
+        return parse_agent_kl_scale(self.mappo_agent_kl_scale)
 
     @property
     def algorithm(self) -> Algorithm:

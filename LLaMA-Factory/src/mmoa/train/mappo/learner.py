@@ -31,7 +31,7 @@ import contextlib
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -277,6 +277,9 @@ class PPOConfig:
     kl_target: float = defaults.KL_TARGET
     kl_horizon: float = defaults.KL_HORIZON
     min_kl_coef: float = defaults.MIN_KL_COEF
+    #: Multipliers of the KL reward's coefficient by agent (``mappo_agent_kl_scale``); an
+    #: agent not named keeps the controller's value.
+    agent_kl_scales: dict[str, float] = field(default_factory=dict)
     ratio_threshold: float = defaults.RATIO_THRESHOLD
     #: A registered algorithm's name (:mod:`mmoa.train.mappo.algorithms`): "ppo" (value
     #: head, GAE), "grpo" (the samples' group advantages, no critic), ...
@@ -447,7 +450,8 @@ class PPOLearner:
         value_t = _pad_cat(values, width) if algorithm.value_head else None
         cfg = self.config
         out = ADVANTAGE_ESTIMATORS[algorithm.advantage](AdvantageInputs(
-            samples, full.response_mask, old_logprobs, ref_logprobs, value_t, self.kl_ctl.value,
+            samples, full.response_mask, old_logprobs, ref_logprobs, value_t,
+            self.kl_coefficients(samples),
             gamma=cfg.gamma, lam=cfg.lam, whiten_advantages=cfg.whiten_advantages,
             whiten_per_agent=cfg.whiten_per_agent, whiten_rewards=cfg.whiten_rewards))
         return Rollout(list(samples), full, old_logprobs, ref_logprobs, value_t, out.rewards,
@@ -610,6 +614,16 @@ class PPOLearner:
             step_stats["kl_loss"] = float(term.detach())
         step_stats["loss"] = float(loss.detach())
         return loss / group_size, step_stats
+
+    def kl_coefficients(self, samples: Sequence[Sample]) -> float | torch.Tensor:
+        """The KL reward's coefficient: the controller's value, or with per-agent scales a
+        ``[B]`` tensor of that value times each sample's agent's multiplier."""
+        beta = self.kl_ctl.value
+        scales = self.config.agent_kl_scales
+        if not scales:
+            return beta
+        return torch.tensor([beta * scales.get(s.agent, 1.0) for s in samples],
+                            dtype=torch.float32, device=self.device)
 
     def update_kl(self, rollout: Rollout) -> float | None:
         """Feeds the mean per-sample KL over every process's samples, with their total count, to

@@ -376,14 +376,15 @@ def token_rewards(
     logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor,
     mask: torch.Tensor,
-    kl_coef: float,
+    kl_coef: float | torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token PPO rewards of a batch of single-turn episodes.
 
     ``scores``: ``[B]``, each sample's scalar reward (the shared answer F1 plus that agent's
     penalty). ``logprobs`` / ``ref_logprobs``: ``[B, T]`` log-probs of the sampled response tokens
     under the rollout policy and under the reference (warm-start) model. ``mask``: ``[B, T]``,
-    right-padded. ``kl_coef``: the KL controller's current value (beta).
+    right-padded. ``kl_coef``: the KL controller's current value (beta), or one value per row
+    (``[B]``: per-agent coefficients).
 
     Returns ``(rewards, non_score_reward, kl)``, each ``[B, T]`` in at least fp32, 0 at padding:
 
@@ -406,7 +407,13 @@ def token_rewards(
         )
     zero = torch.zeros((), dtype=dtype, device=logprobs.device)
     kl = torch.where(m, per_token_kl(logprobs.to(dtype), ref_logprobs.to(dtype), "kl"), zero)
-    non_score_reward = -kl_coef * kl
+    coef = torch.as_tensor(kl_coef, dtype=dtype, device=logprobs.device)
+    if coef.dim() == 1:
+        if coef.shape != (logprobs.shape[0],):
+            raise ValueError(f"kl_coef has shape {tuple(coef.shape)}; expected a number or one "
+                             f"per row, shape ({logprobs.shape[0]},)")
+        coef = coef[:, None]
+    non_score_reward = -coef * kl
     # With right padding the last real token is the one whose successor is padding (or the end).
     next_real = torch.cat([m[:, 1:], torch.zeros_like(m[:, :1])], dim=1)
     is_last = m & ~next_real

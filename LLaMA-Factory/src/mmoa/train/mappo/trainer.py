@@ -200,6 +200,7 @@ class MappoTrainer(Trainer):
             kl_target=kl_target,
             kl_horizon=mappo_args.mappo_kl_horizon,
             min_kl_coef=mappo_args.mappo_min_kl_coef,
+            agent_kl_scales=mappo_args.agent_kl_scales,
             ratio_threshold=mappo_args.mappo_ratio_threshold,
             algorithm=mappo_args.mappo_algorithm,
             loss_averaging=mappo_args.mappo_loss_averaging,
