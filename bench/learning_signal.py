@@ -57,6 +57,7 @@ from typing import Any
 
 from bench_runs import (
     RESULT,
+    AttemptClock,
     code_version,
     last_checkpoint,
     model_arguments,
@@ -195,9 +196,13 @@ def _done(run_dir: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _finish(run_dir: Path, result: dict[str, Any], started: float) -> dict[str, Any]:
-    result["seconds"] = round(time.perf_counter() - started, 1)
+def _finish(run_dir: Path, result: dict[str, Any], clock: AttemptClock) -> dict[str, Any]:
+    """Keep a run's result with its wall time over every attempt (a run cut by a session's
+    end and resumed from its checkpoint counts both), after its clock has stopped."""
+    result["seconds"] = round(clock.total, 1)
+    result["attempts"] = clock.attempts
     atomic_write_json(run_dir / RESULT, result)
+    clock.finish()
     return result
 
 
@@ -208,7 +213,13 @@ def warm_start(args: argparse.Namespace, work: Path,
     run_dir = work / "warm_start"
     if (done := _done(run_dir)) is not None:
         return done
-    started = time.perf_counter()
+    with AttemptClock(run_dir) as clock:
+        record = _warm_start_record(args, run_dir, earlier)
+    return _finish(run_dir, record, clock)
+
+
+def _warm_start_record(args: argparse.Namespace, run_dir: Path,
+                       earlier: list[dict[str, Any]]) -> dict[str, Any]:
     model = Path(args.warm_start) if args.warm_start else run_dir / "sft"
     if not args.warm_start:
         base, _, sft_config, _ = MODELS[args.model]
@@ -225,11 +236,11 @@ def warm_start(args: argparse.Namespace, work: Path,
               "is reused", flush=True)
         record.update(test=same["test"], per_question_f1=same["per_question_f1"],
                       reused_evaluation=True)
-        return _finish(run_dir, record, started)
+        return record
     metrics = evaluate(model, args, run_dir / "eval")
     record.update(test=summary(metrics, run_dir / "eval"),
                   per_question_f1=per_question_f1(run_dir / "eval"))
-    return _finish(run_dir, record, started)
+    return record
 
 
 def earlier_warm_starts(previous: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -256,10 +267,19 @@ def carried_runs(previous: dict[str, Any] | None,
 
 def mappo_run(args: argparse.Namespace, work: Path, name: str, seed: int, agents: str,
               sft_model: str) -> dict[str, Any]:
+    """One MAPPO / GRPO run from ``sft_model`` and its test figures, kept in
+    ``<work>/<name>/result.json``; resumed from its last checkpoint when an earlier attempt
+    was cut, its seconds summed over the attempts."""
     run_dir = work / name
     if (done := _done(run_dir)) is not None:
         return done
-    started = time.perf_counter()
+    with AttemptClock(run_dir) as clock:
+        record = _mappo_record(args, run_dir, name, seed, agents, sft_model)
+    return _finish(run_dir, record, clock)
+
+
+def _mappo_record(args: argparse.Namespace, run_dir: Path, name: str, seed: int, agents: str,
+                  sft_model: str) -> dict[str, Any]:
     mappo_config = rl_config(args)
     output = run_dir / "mappo"
     overrides = [f"model_name_or_path={sft_model}", f"seed={seed}", f"output_dir={output}",
@@ -280,12 +300,11 @@ def mappo_run(args: argparse.Namespace, work: Path, name: str, seed: int, agents
         for checkpoint in output.glob("checkpoint-*"):  # the final model is in output itself
             shutil.rmtree(checkpoint)
     metrics = evaluate(output, args, run_dir / "eval", base=sft_model)
-    return _finish(run_dir, {"seed": seed, "agents": agents, "algorithm": args.algorithm,
-                             "model": str(output),
-                             "code_version": code.read_text().strip(),
-                             "test": summary(metrics, run_dir / "eval"),
-                             "per_question_f1": per_question_f1(run_dir / "eval"),
-                             "training_last_steps": _training_tail(output)}, started)
+    return {"seed": seed, "agents": agents, "algorithm": args.algorithm, "model": str(output),
+            "code_version": code.read_text().strip(),
+            "test": summary(metrics, run_dir / "eval"),
+            "per_question_f1": per_question_f1(run_dir / "eval"),
+            "training_last_steps": _training_tail(output)}
 
 
 def pooled_gain(sft: dict[str, float], runs: list[dict[str, float]]) -> dict[str, float]:

@@ -166,3 +166,51 @@ def test_a_lora_output_is_evaluated_as_adapters_over_the_model_it_was_trained_fr
         bench.model_arguments(single)
     with pytest.raises(SystemExit, match="neither a model"):
         bench.model_arguments(empty, "warm")
+
+
+class _HandClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 500.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_run_resumed_after_a_cut_counts_the_seconds_of_every_attempt(bench, tmp_path,
+                                                                       monkeypatch):
+    """A MAPPO run whose training is cut after 600 s and resumed for 300 s more, then evaluated
+    in 40 s, reports 940 s over 2 attempts: not the last attempt's 340 s."""
+    import argparse
+
+    clock = _HandClock()
+    real = bench.AttemptClock
+    monkeypatch.setattr(bench, "AttemptClock",
+                        lambda folder: real(folder, heartbeat_s=3600.0, clock=clock))
+    monkeypatch.setattr(bench, "code_version", lambda script: "abc1234")
+    cuts = iter([True, False])
+
+    def train(config, overrides, log):
+        clock.now += 600.0 if next(cuts) else 300.0
+        if clock.now == 1100.0:
+            raise KeyboardInterrupt("the session ended")
+
+    def evaluate(output, args, eval_dir, base=None):
+        clock.now += 40.0
+        return {}
+
+    monkeypatch.setattr(bench, "train", train)
+    monkeypatch.setattr(bench, "evaluate", evaluate)
+    monkeypatch.setattr(bench, "summary", lambda metrics, eval_dir: {"f1": 0.5})
+    monkeypatch.setattr(bench, "per_question_f1", lambda eval_dir: {"q1": 0.5})
+    monkeypatch.setattr(bench, "_training_tail", lambda output: {})
+    args = argparse.Namespace(model="tiny", algorithm="ppo", retriever_url="http://x", k=5,
+                              mappo_overrides=[], overrides=[])
+    with pytest.raises(KeyboardInterrupt):
+        bench.mappo_run(args, tmp_path, "seed1", 1, "qr,selector,generator", "warm")
+    done = bench.mappo_run(args, tmp_path, "seed1", 1, "qr,selector,generator", "warm")
+    assert done["seconds"] == 940.0 and done["attempts"] == 2 and done["test"]["f1"] == 0.5
+    assert not (tmp_path / "seed1" / "attempt.json").exists()
+    # a finished run is read back, not run again
+    assert bench.mappo_run(args, tmp_path, "seed1", 1, "", "warm") == done
