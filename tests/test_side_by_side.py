@@ -160,6 +160,17 @@ def test_the_readme_table_has_a_column_per_json(sbs, tmp_path):
                                  "x\n")
 
 
+def test_the_readme_table_is_the_committed_jsons_table(sbs):
+    """The README's results table is the bench's output from the JSONs in bench/results/, not a
+    hand copy: after a row is added to a JSON, ``--report ... --readme README.md`` rewrites it."""
+    readme = (ROOT / "README.md").read_text()
+    begin, end = readme.index(sbs.README_BEGIN), readme.index(sbs.README_END)
+    shown = readme[begin:end].split("\n", 1)[1]
+    results = [json.loads((ROOT / "bench" / "results" / name).read_text()) for name in
+               ("side_by_side_real_smollm2.json", "side_by_side_demo_smollm2.json")]
+    assert shown == sbs.format_combined(results)
+
+
 def test_a_failed_stage_is_the_rows_error_not_the_tables(sbs, tmp_path, monkeypatch):
     """``run_logged`` exits (SystemExit) when a stage's process fails: the row records it."""
     from bench_runs import run_logged
