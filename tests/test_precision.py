@@ -6,12 +6,16 @@ import pytest
 import torch
 
 from mmoa.precision import (
+    EMULATED_BF16,
     autocast,
     cpu_has_bf16,
     device_type_of,
+    emulated_bf16_warning,
     inference_weights_dtype,
     resolve_precision,
+    train_config_warning,
     train_overrides,
+    training_on_gpu,
 )
 
 
@@ -77,3 +81,26 @@ def test_the_loaded_weights_have_the_dtype_the_rule_names(tiny_model_dir, monkey
     monkeypatch.setattr(modeling, "inference_weights_dtype", lambda precision, on_gpu: "bfloat16")
     model, _ = modeling.load_for_inference(tiny_model_dir, "llama3", precision="bf16")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+AVX2_ONLY = "flags : fpu sse sse2 avx avx2 fma"
+WITH_BF16 = "flags : fpu sse sse2 avx avx2 avx512f avx512_bf16"
+
+
+def test_bf16_asked_of_a_cpu_that_emulates_it_is_warned_about() -> None:
+    assert emulated_bf16_warning(True, on_gpu=False, cpuinfo=AVX2_ONLY) == EMULATED_BF16
+    assert emulated_bf16_warning(True, on_gpu=False, cpuinfo=WITH_BF16) is None
+    assert emulated_bf16_warning(True, on_gpu=False, cpuinfo="flags : amx_bf16") is None
+    assert emulated_bf16_warning(True, on_gpu=True, cpuinfo=AVX2_ONLY) is None
+    assert emulated_bf16_warning(False, on_gpu=False, cpuinfo=AVX2_ONLY) is None
+
+
+def test_a_training_configs_bf16_key_is_read_as_llamafactory_reads_it() -> None:
+    for value in (True, "true", "True", 1, "1"):
+        assert train_config_warning({"bf16": value, "use_cpu": True}, False,
+                                    AVX2_ONLY) == EMULATED_BF16
+    for config in ({"bf16": False}, {"bf16": "false"}, {}):
+        assert train_config_warning(config, False, AVX2_ONLY) is None
+    assert train_config_warning({"bf16": True}, False, WITH_BF16) is None
+    # use_cpu keeps the run on the CPU even where CUDA is present
+    assert not training_on_gpu({"bf16": True, "use_cpu": "true"})

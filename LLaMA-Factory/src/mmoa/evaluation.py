@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -65,7 +66,13 @@ from mmoa.pipelines.scoring import rouge_l as _rouge_l
 from mmoa.pipelines.scoring import support_precision as _support_precision
 from mmoa.pipelines.scoring import support_recall as _support_recall
 from mmoa.pipelines.search_agent import score_search_trajectory
-from mmoa.precision import autocast, check_precision_name, device_type_of, resolve_precision
+from mmoa.precision import (
+    autocast,
+    check_precision_name,
+    device_type_of,
+    emulated_bf16_warning,
+    resolve_precision,
+)
 
 # Each pipeline's rows are written by its own module (mmoa.pipelines); these names are where
 # tests and scripts have always imported them from.
@@ -373,6 +380,8 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
     pipeline = pipeline_for_mode(config.mode)
     run = pipeline.evaluator(model, tokenizer, retriever, settings, config)
     device_type = device_type_of(model)
+    if (warning := emulated_bf16_warning(precision == "bf16", device_type == "cuda")) is not None:
+        print(f"[eval] warning: {warning}", file=sys.stderr, flush=True)
     rows: list[dict[str, Any]] = []
     timings: dict[str, float] = {}
     start = time.perf_counter()

@@ -57,6 +57,10 @@ def run_train(argv: Sequence[str]) -> int:
         return 1
     if stage == MAPPO_STAGE and _wants_torchrun():
         return _relaunch_with_torchrun(argv)
+    from mmoa.precision import train_config_warning, training_on_gpu
+
+    if (warning := train_config_warning(config, training_on_gpu(config))) is not None:
+        print(f"[{stage}] warning: {warning}", file=sys.stderr, flush=True)
     from mmoa.console import routed_library_logs
 
     with routed_library_logs(config.get("output_dir")):
