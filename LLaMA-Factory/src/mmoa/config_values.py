@@ -17,6 +17,14 @@ _TRUE = ("true", "yes", "y", "t", "1")
 _FALSE = ("false", "no", "n", "f", "0")
 
 
+def reads_as_true(value: Any) -> bool:
+    """Whether a config value is a true boolean as LLaMA-Factory reads its own keys: ``True``, or
+    a string or number among :data:`_TRUE` (``"true"``, ``"1"``, ``1``, ...). For a check that
+    only reports (a warning), where :func:`typed_value` would refuse a bad value."""
+    return value is True or (not isinstance(value, bool)
+                             and str(value).strip().lower() in _TRUE)
+
+
 def typed_value(name: str, value: Any, hint: Any, bool_strings: bool = True) -> Any:
     """``value`` as the field's type, read as LLaMA-Factory reads its own keys (numbers and
     true/false given as strings are accepted); anything else is a ``ValueError`` naming the key.

@@ -21,6 +21,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from mmoa.config_values import reads_as_true
+
 if TYPE_CHECKING:
     import torch
 
@@ -79,17 +81,13 @@ def training_on_gpu(config: Mapping[str, Any]) -> bool:
     """Whether a LLaMA-Factory training config runs on a GPU: CUDA present and no ``use_cpu``."""
     import torch
 
-    return torch.cuda.is_available() and not _true(config.get("use_cpu", False))
-
-
-def _true(value: Any) -> bool:
-    return value is True or str(value).lower() in ("1", "true", "yes", "on")
+    return torch.cuda.is_available() and not reads_as_true(config.get("use_cpu", False))
 
 
 def train_config_warning(config: Mapping[str, Any], on_gpu: bool,
                          cpuinfo: str | None = None) -> str | None:
     """:func:`emulated_bf16_warning` for a training config (``bf16: true`` on a CPU)."""
-    return emulated_bf16_warning(_true(config.get("bf16", False)), on_gpu, cpuinfo)
+    return emulated_bf16_warning(reads_as_true(config.get("bf16", False)), on_gpu, cpuinfo)
 
 
 def train_overrides(precision: Precision, on_gpu: bool) -> list[str]:

@@ -59,7 +59,8 @@ def run_train(argv: Sequence[str]) -> int:
         return _relaunch_with_torchrun(argv)
     from mmoa.precision import train_config_warning, training_on_gpu
 
-    if (warning := train_config_warning(config, training_on_gpu(config))) is not None:
+    warning = train_config_warning(config, training_on_gpu(config))
+    if warning is not None and os.environ.get("LOCAL_RANK", "0") == "0":  # once, not per rank
         print(f"[{stage}] warning: {warning}", file=sys.stderr, flush=True)
     from mmoa.console import routed_library_logs
 
