@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench_fixtures import HandClock
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -61,21 +63,11 @@ def test_a_finished_stage_is_read_back_not_run_again(runs, tmp_path: Path) -> No
     assert json.loads((tmp_path / "sft" / "result.json").read_text()) == first
 
 
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_stage_resumed_after_a_kill_counts_every_attempt(runs, tmp_path: Path,
                                                             monkeypatch) -> None:
     """A failed attempt (30 s) and one killed after its last heartbeat (recorded: 100 s, as the
     heartbeat thread writes it) are added to the attempt that finishes (5 s)."""
-    clock = FakeClock()
+    clock = HandClock()
     real = runs.AttemptClock
     monkeypatch.setattr(runs, "AttemptClock",
                         lambda folder: real(folder, heartbeat_s=3600.0, clock=clock))
@@ -103,7 +95,7 @@ def test_a_stage_resumed_after_a_kill_counts_every_attempt(runs, tmp_path: Path,
 
 def test_the_attempt_clock_heartbeat_writes_while_the_stage_runs(runs, tmp_path: Path) -> None:
     """The thread keeps the attempt's seconds on disk without waiting for the stage's end."""
-    clock = FakeClock()
+    clock = HandClock()
     path = tmp_path / "attempt.json"
     with runs.AttemptClock(tmp_path, heartbeat_s=0.01, clock=clock):
         clock.now += 42.0

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench_fixtures import HandClock
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -168,23 +170,13 @@ def test_a_lora_output_is_evaluated_as_adapters_over_the_model_it_was_trained_fr
         bench.model_arguments(empty, "warm")
 
 
-class _HandClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 500.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_run_resumed_after_a_cut_counts_the_seconds_of_every_attempt(bench, tmp_path,
                                                                        monkeypatch):
     """A MAPPO run whose training is cut after 600 s and resumed for 300 s more, then evaluated
     in 40 s, reports 940 s over 2 attempts: not the last attempt's 340 s."""
     import argparse
 
-    clock = _HandClock()
+    clock = HandClock(500.0)
     real = bench.AttemptClock
     monkeypatch.setattr(bench, "AttemptClock",
                         lambda folder: real(folder, heartbeat_s=3600.0, clock=clock))
