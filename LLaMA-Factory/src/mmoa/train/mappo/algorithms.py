@@ -88,6 +88,8 @@ class AdvantageInputs:
     #: with per-agent scales (``mappo_agent_kl_scale``).
     kl_coef: float | torch.Tensor
     gamma: float = 1.0
+    #: How that KL reward is spread over a response (``mappo_kl_reward``, :data:`KL_SHAPES`).
+    kl_shape: str = "token"
     lam: float = 0.95
     whiten_advantages: bool = True
     whiten_per_agent: bool = False
@@ -208,8 +210,9 @@ def _scores(inputs: AdvantageInputs) -> torch.Tensor:
 @torch.no_grad()
 def gae_advantages(inputs: AdvantageInputs) -> Advantages:
     """PPO's advantages (Schulman et al. 2016, GAE, arXiv:1506.02438; the MMOA-RAG paper's
-    MAPPO, trl 0.9.6): per-token rewards ``r_t = -beta * (logp_t - logp_ref_t)`` plus the score
-    on the last token, ``delta_t = r_t + gamma V_{t+1} - V_t``,
+    MAPPO, trl 0.9.6): per-token rewards ``r_t = -beta * (logp_t - logp_ref_t)`` (or their
+    mean, once, on the last token: ``kl_shape``) plus the score on the last token,
+    ``delta_t = r_t + gamma V_{t+1} - V_t``,
     ``A_t = delta_t + gamma lambda A_{t+1}`` over each response (one episode), returns
     ``A + V``; then whitened over the batch (agents pooled, or per agent). Runs on each row's
     own tokens packed together, so that a multi-turn response's retrieved tokens get nothing."""
@@ -220,7 +223,8 @@ def gae_advantages(inputs: AdvantageInputs) -> Advantages:
     # the model's tokens on either side of them are one episode (identity when no holes).
     packed_mask = pack_masked(mask, mask)[1]
     rewards, _, kl = token_rewards(_scores(inputs), pack_masked(inputs.old_logprobs, mask)[0],
-                                   pack_masked(ref, mask)[0], packed_mask, inputs.kl_coef)
+                                   pack_masked(ref, mask)[0], packed_mask, inputs.kl_coef,
+                                   inputs.kl_shape)
     if inputs.whiten_rewards:
         rewards = masked_whiten(rewards, packed_mask, shift_mean=False) * packed_mask
     advantages, returns = compute_gae(rewards, pack_masked(values, mask)[0], packed_mask,
@@ -246,7 +250,8 @@ def reinforce_plus_plus_advantages(inputs: AdvantageInputs) -> Advantages:
     assert ref is not None, "reinforce_plus_plus needs reference log-probs (its KL reward)"
     packed_mask = pack_masked(mask, mask)[1]
     rewards, _, kl = token_rewards(_scores(inputs), pack_masked(inputs.old_logprobs, mask)[0],
-                                   pack_masked(ref, mask)[0], packed_mask, inputs.kl_coef)
+                                   pack_masked(ref, mask)[0], packed_mask, inputs.kl_coef,
+                                   inputs.kl_shape)
     if inputs.whiten_rewards:
         rewards = masked_whiten(rewards, packed_mask, shift_mean=False) * packed_mask
     returns, _ = compute_gae(rewards, torch.zeros_like(rewards), packed_mask, inputs.gamma, 1.0)

@@ -40,7 +40,7 @@ from mmoa.config_values import typed_fields, typed_value
 from mmoa.pipelines import Pipeline, get_pipeline, pipeline_names
 from mmoa.retrieval.client import DEFAULT_URL
 from mmoa.train.mappo.algorithms import Algorithm, algorithm_names, get_algorithm
-from mmoa.train.mappo.ppo_math import GROUP_NORMALISATIONS, LOSS_AVERAGING
+from mmoa.train.mappo.ppo_math import GROUP_NORMALISATIONS, KL_SHAPES, LOSS_AVERAGING
 
 PREFIX = "mappo_"
 #: Other names of a pipeline, read as the pipeline (SmartRAG's name for the decision agent).
@@ -245,6 +245,12 @@ class MappoArguments:
                           "1): the KL that keeps an agent near its warm start, strengthened "
                           "for one that drifts (the Selector's collapse to one document). "
                           "Empty: one coefficient for all."})
+    mappo_kl_reward: str = field(
+        default="token",
+        metadata={"help": "How the KL-to-warm-start reward is paid over a response: 'token' "
+                          "(-beta x KL at every token, PPO's) or 'mean' (-beta x the mean "
+                          "per-token KL, once, on the last token: a response is not charged "
+                          "for its length, so a strong KL does not reward short outputs)."})
     mappo_cliprange: float = defaults.CLIPRANGE
     mappo_cliprange_high: float | None = field(
         default=None,
@@ -311,7 +317,8 @@ class MappoArguments:
                               ("mappo_decision_answer_reward", DECISION_ANSWER_REWARDS),
                               ("mappo_grpo_normalise", GROUP_NORMALISATIONS),
                               ("mappo_grpo_filter", GRPO_FILTERS),
-                              ("mappo_loss_averaging", LOSS_AVERAGING)):
+                              ("mappo_loss_averaging", LOSS_AVERAGING),
+                              ("mappo_kl_reward", KL_SHAPES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
                                  f"{getattr(self, name)!r}")
@@ -382,6 +389,9 @@ class MappoArguments:
         if not (math.isfinite(penalty) and penalty <= 0):
             raise ValueError(f"mappo_search_format_penalty must be a finite number <= 0 (it is "
                              f"added to the reward), got {penalty}")
+        if self.mappo_kl_reward != "token" and self.algorithm.kl != "reward":
+            raise ValueError(f"mappo_kl_reward shapes the KL in the reward; mappo_algorithm: "
+                             f"{self.mappo_algorithm} has none")
         scales = self.agent_kl_scales  # parsed here, so a bad value fails before loading
         if scales and self.algorithm.kl != "reward":
             raise ValueError(f"mappo_agent_kl_scale scales the KL in the reward "

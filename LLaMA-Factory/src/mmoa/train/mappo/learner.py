@@ -280,6 +280,8 @@ class PPOConfig:
     #: Multipliers of the KL reward's coefficient by agent (``mappo_agent_kl_scale``); an
     #: agent not named keeps the controller's value.
     agent_kl_scales: dict[str, float] = field(default_factory=dict)
+    #: How the KL reward is spread over a response: "token" or "mean" (``mappo_kl_reward``).
+    kl_shape: str = "token"
     ratio_threshold: float = defaults.RATIO_THRESHOLD
     #: A registered algorithm's name (:mod:`mmoa.train.mappo.algorithms`): "ppo" (value
     #: head, GAE), "grpo" (the samples' group advantages, no critic), ...
@@ -452,8 +454,9 @@ class PPOLearner:
         out = ADVANTAGE_ESTIMATORS[algorithm.advantage](AdvantageInputs(
             samples, full.response_mask, old_logprobs, ref_logprobs, value_t,
             self.kl_coefficients(samples),
-            gamma=cfg.gamma, lam=cfg.lam, whiten_advantages=cfg.whiten_advantages,
-            whiten_per_agent=cfg.whiten_per_agent, whiten_rewards=cfg.whiten_rewards))
+            gamma=cfg.gamma, lam=cfg.lam, kl_shape=cfg.kl_shape,
+            whiten_advantages=cfg.whiten_advantages, whiten_per_agent=cfg.whiten_per_agent,
+            whiten_rewards=cfg.whiten_rewards))
         return Rollout(list(samples), full, old_logprobs, ref_logprobs, value_t, out.rewards,
                        out.kl, out.advantages, out.returns)
 

@@ -45,6 +45,7 @@ __all__ = [
     "GROUP_NORMALISATIONS",
     "GROUP_STD_EPS",
     "KL_KINDS",
+    "KL_SHAPES",
     "LOSS_AVERAGING",
     "AdaptiveKLController",
     "FixedKLController",
@@ -370,6 +371,14 @@ def unpack_masked(packed: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(m, out, torch.zeros((), dtype=packed.dtype, device=packed.device))
 
 
+#: How the KL-to-reference reward is spread over a response (``mappo_kl_reward``):
+#: ``token`` pays ``-beta * kl_t`` at every token, so with GAE's lambda = 1 a longer response
+#: collects more penalty and a strong KL coefficient rewards short outputs (the Selector's
+#: fewer documents); ``mean`` pays the response's mean per-token KL once, on its last token:
+#: the same pull away from drift, but a response is not charged for its length.
+KL_SHAPES = ("token", "mean")
+
+
 @torch.no_grad()
 def token_rewards(
     scores: torch.Tensor | Sequence[float],
@@ -377,6 +386,7 @@ def token_rewards(
     ref_logprobs: torch.Tensor,
     mask: torch.Tensor,
     kl_coef: float | torch.Tensor,
+    kl_shape: str = "token",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token PPO rewards of a batch of single-turn episodes.
 
@@ -389,7 +399,9 @@ def token_rewards(
     Returns ``(rewards, non_score_reward, kl)``, each ``[B, T]`` in at least fp32, 0 at padding:
 
     * ``kl = logp - logp_ref`` (estimator ``"kl"``, as the original);
-    * ``non_score_reward = -kl_coef * kl`` on every real token;
+    * ``non_score_reward``: with ``kl_shape="token"`` (PPO's, trl's), ``-kl_coef * kl`` on every
+      real token; with ``kl_shape="mean"``, ``-kl_coef * mean(kl)`` over the row's tokens, once,
+      on its last real token (:data:`KL_SHAPES`);
     * ``rewards = non_score_reward`` plus ``scores[i]`` on the last real token of row ``i``.
 
     A row with no response token (all-false mask) gets no reward anywhere: its score is dropped
@@ -413,10 +425,16 @@ def token_rewards(
             raise ValueError(f"kl_coef has shape {tuple(coef.shape)}; expected a number or one "
                              f"per row, shape ({logprobs.shape[0]},)")
         coef = coef[:, None]
-    non_score_reward = -coef * kl
     # With right padding the last real token is the one whose successor is padding (or the end).
     next_real = torch.cat([m[:, 1:], torch.zeros_like(m[:, :1])], dim=1)
     is_last = m & ~next_real
+    if kl_shape == "token":
+        non_score_reward = -coef * kl
+    elif kl_shape == "mean":
+        mean_kl = kl.sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1)
+        non_score_reward = torch.where(is_last, -coef * mean_kl, zero)
+    else:
+        raise ValueError(f"kl_shape must be one of {', '.join(KL_SHAPES)}, got {kl_shape!r}")
     rewards = non_score_reward + torch.where(is_last, scores_t[:, None], zero)
     return rewards, non_score_reward, kl
 
