@@ -34,6 +34,23 @@ def tiny_policy(seed: int = 0) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
+def three_agent_learner(config: Any) -> tuple[Any, list[Any]]:
+    """A PPO learner with ``config`` (a :class:`PPOConfig`) over :func:`tiny_policy` (seed 5),
+    its copy as the KL reference and a value head, and one sample per qr_s_g agent (scores 1, 0,
+    0.5): for tests of the KL reward of each agent's tokens."""
+    from mmoa.train.mappo.learner import PolicyWithValue, PPOLearner
+    from mmoa.train.mappo.samples import Sample
+    from mmoa.train.mappo.value_head import ValueHead
+
+    policy = tiny_policy(seed=5)
+    model = PolicyWithValue(policy, ValueHead(32), ref_model=copy.deepcopy(policy).eval())
+    samples = [Sample("qr", [2, 3], [5, 6, EOS], 1.0),
+               Sample("selector", [2, 3], [7, 8, EOS], 0.0),
+               Sample("generator", [2, 4], [6, EOS], 0.5)]
+    return PPOLearner(model, torch.optim.Adam(model.parameters(), lr=1e-2), config,
+                      pad_id=0), samples
+
+
 def sample_responses(model: Any, prompt: list[int], n: int, length: int,
                      generator: torch.Generator) -> list[list[int]]:
     """Samples ``length`` tokens for ``n`` copies of the prompt at once (ancestral sampling from

@@ -3,17 +3,13 @@ against hand-computed values, and the learner's coefficients by sample."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 from mmoa.train.mappo.args import parse_agent_kl_scale, split_mappo_args
-from mmoa.train.mappo.learner import PolicyWithValue, PPOConfig, PPOLearner
+from mmoa.train.mappo.learner import PPOConfig
 from mmoa.train.mappo.ppo_math import token_rewards
-from mmoa.train.mappo.samples import Sample
-from mmoa.train.mappo.value_head import ValueHead
-from tests.mappo_fixtures import EOS, tiny_policy
+from tests.mappo_fixtures import three_agent_learner
 
 
 def test_the_key_parses_agent_multipliers() -> None:
@@ -56,17 +52,10 @@ def test_token_rewards_take_one_coefficient_per_row() -> None:
 
 
 def test_the_learner_scales_each_agents_kl_reward() -> None:
-    policy = tiny_policy(seed=5)
-    model = PolicyWithValue(policy, ValueHead(32), ref_model=copy.deepcopy(policy).eval())
-    samples = [Sample("qr", [2, 3], [5, 6, EOS], 1.0),
-               Sample("selector", [2, 3], [7, 8, EOS], 0.0),
-               Sample("generator", [2, 4], [6, EOS], 0.5)]
     rollouts = {}
     for scales in ({}, {"selector": 4.0, "generator": 0.0}):
-        config = PPOConfig(algorithm="ppo", adaptive_kl=False, init_kl_coef=0.2,
-                           agent_kl_scales=scales)
-        learner = PPOLearner(model, torch.optim.Adam(model.parameters(), lr=1e-2), config,
-                             pad_id=0)
+        learner, samples = three_agent_learner(PPOConfig(
+            algorithm="ppo", adaptive_kl=False, init_kl_coef=0.2, agent_kl_scales=scales))
         coef = learner.kl_coefficients(samples)
         rollouts[bool(scales)] = (coef, learner.prepare(samples))
     assert rollouts[False][0] == pytest.approx(0.2)

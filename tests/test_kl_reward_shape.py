@@ -4,17 +4,13 @@ key's checks and the learner's use of it."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 from mmoa.train.mappo.args import split_mappo_args
-from mmoa.train.mappo.learner import PolicyWithValue, PPOConfig, PPOLearner
+from mmoa.train.mappo.learner import PPOConfig
 from mmoa.train.mappo.ppo_math import compute_gae, token_rewards
-from mmoa.train.mappo.samples import Sample
-from mmoa.train.mappo.value_head import ValueHead
-from tests.mappo_fixtures import EOS, tiny_policy
+from tests.mappo_fixtures import three_agent_learner
 
 
 def test_the_mean_shape_pays_the_mean_kl_once_on_the_last_token() -> None:
@@ -81,17 +77,11 @@ def test_the_key_is_checked_before_anything_loads() -> None:
 
 
 def test_the_learner_pays_the_mean_kl_on_each_samples_last_token() -> None:
-    policy = tiny_policy(seed=5)
-    model = PolicyWithValue(policy, ValueHead(32), ref_model=copy.deepcopy(policy).eval())
-    samples = [Sample("qr", [2, 3], [5, 6, EOS], 1.0),
-               Sample("selector", [2, 3], [7, 8, EOS], 0.0),
-               Sample("generator", [2, 4], [6, EOS], 0.5)]
     rollouts = {}
     for shape in ("token", "mean"):
-        config = PPOConfig(algorithm="ppo", adaptive_kl=False, init_kl_coef=0.2,
-                           agent_kl_scales={"selector": 4.0}, kl_shape=shape)
-        learner = PPOLearner(model, torch.optim.Adam(model.parameters(), lr=1e-2), config,
-                             pad_id=0)
+        learner, samples = three_agent_learner(PPOConfig(
+            algorithm="ppo", adaptive_kl=False, init_kl_coef=0.2,
+            agent_kl_scales={"selector": 4.0}, kl_shape=shape))
         rollouts[shape] = learner.prepare(samples)
     token, mean = rollouts["token"], rollouts["mean"]
     torch.testing.assert_close(mean.kl, token.kl)  # the same KL, paid differently
