@@ -16,7 +16,7 @@ from mmoa.agents.prompts import AGENTS
 from mmoa.metrics import SCORING_PROFILES
 from mmoa.train.mappo.algorithms import Algorithm, algorithm_names, get_algorithm
 from mmoa.train.mappo.args import GRPO_FILTERS, MappoArguments
-from mmoa.train.mappo.ppo_math import GROUP_NORMALISATIONS, LOSS_AVERAGING
+from mmoa.train.mappo.ppo_math import GROUP_NORMALISATIONS, KL_SHAPES, LOSS_AVERAGING
 
 if TYPE_CHECKING:
     from gradio.components import Component
@@ -191,6 +191,13 @@ MAPPO_FIELDS: tuple[MappoField, ...] = (
     MappoField("mappo_kl_horizon", "mappo_kl_horizon", "KL horizon",
                "adaptation speed of the controller (larger: slower)", "float", minimum=1,
                only_for="kl_reward"),
+    MappoField("mappo_kl_reward", "mappo_kl_reward", "KL reward shape",
+               "token: -beta x KL at every token (PPO's); mean: the response's mean KL, once "
+               "on its last token (a response is not charged for its length)", "choice",
+               choices=KL_SHAPES, only_for="kl_reward"),
+    MappoField("mappo_agent_kl_scale", "mappo_agent_kl_scale", "Per-agent KL scale",
+               "multipliers of beta by agent, e.g. selector=4 (empty: one beta for all)",
+               "text", only_for="kl_reward"),
     # algorithm: every registered one (mmoa.train.mappo.algorithms); ppo is the paper's
     MappoField("mappo_algorithm", "mappo_algorithm", "Algorithm",
                "ppo: value head and GAE (the paper); grpo and the other grouped ones: "
@@ -261,7 +268,7 @@ MAPPO_ROWS: tuple[tuple[str, ...], ...] = (
     ("mappo_algorithm", "mappo_group_size", "mappo_grpo_normalise", "mappo_grpo_filter",
      "mappo_loss_averaging", "mappo_kl_loss_coef"),
     ("mappo_adaptive_kl", "mappo_init_kl_coef", "mappo_min_kl_coef", "mappo_kl_target",
-     "mappo_kl_horizon"),
+     "mappo_kl_horizon", "mappo_kl_reward", "mappo_agent_kl_scale"),
     ("mappo_lam", "mappo_whiten_per_agent", "mappo_qr_retrieval_reward",
      "mappo_adapter_per_agent"),
     ("mappo_max_steps", "mappo_ppo_epochs", "mappo_questions_per_rollout",
