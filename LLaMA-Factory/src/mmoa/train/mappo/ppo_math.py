@@ -431,7 +431,8 @@ def token_rewards(
     if kl_shape == "token":
         non_score_reward = -coef * kl
     elif kl_shape == "mean":
-        mean_kl = kl.sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1)
+        # an empty row's mean is nan (0/0), but it has no last token, so it gets the zero
+        mean_kl = masked_mean(kl, m, dim=1)[:, None]
         non_score_reward = torch.where(is_last, -coef * mean_kl, zero)
     else:
         raise ValueError(f"kl_shape must be one of {', '.join(KL_SHAPES)}, got {kl_shape!r}")
