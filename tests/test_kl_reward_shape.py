@@ -91,3 +91,41 @@ def test_the_learner_pays_the_mean_kl_on_each_samples_last_token() -> None:
         expected = torch.zeros_like(mean.rewards[row])
         expected[n - 1] = sample.score - coef * token.kl[row, :n].mean()
         torch.testing.assert_close(mean.rewards[row], expected, atol=1e-6, rtol=0)
+
+
+def test_the_k3_estimator_pays_a_non_negative_kl_per_token_and_in_the_mean() -> None:
+    """k3 = exp(-d) + d - 1 with d = logp - logp_ref: for d = 0.5, -1.0, 0.8 that is
+    0.106531, 0.718282, 0.249329 (where k1 pays 0.5, -1.0, 0.8); paid as the mean with beta 0.2:
+    -0.2 x 0.358047 = -0.071609 on the last token."""
+    logp = torch.tensor([[-1.0, -2.0, -1.0]], dtype=torch.float64)
+    ref = torch.tensor([[-1.5, -1.0, -1.8]], dtype=torch.float64)
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    k3 = torch.tensor([[0.106531, 0.718282, 0.249329]], dtype=torch.float64)
+    _, token, kl = token_rewards([0.0], logp, ref, mask, kl_coef=0.2, kl_estimator="low_var_kl")
+    torch.testing.assert_close(kl, k3, atol=1e-6, rtol=0)
+    torch.testing.assert_close(token, -0.2 * k3, atol=1e-6, rtol=0)
+    rewards, _, _ = token_rewards([1.0], logp, ref, mask, kl_coef=0.2, kl_shape="mean",
+                                  kl_estimator="low_var_kl")
+    torch.testing.assert_close(rewards, torch.tensor([[0.0, 0.0, 1.0 - 0.071609]],
+                                                     dtype=torch.float64), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="unknown KL estimator 'k2'"):
+        token_rewards([1.0], logp, ref, mask, kl_coef=0.2, kl_estimator="k2")
+
+
+def test_the_estimator_key_is_checked_and_reaches_the_learner() -> None:
+    assert split_mappo_args({})[0].mappo_kl_estimator == "kl"
+    assert split_mappo_args({"mappo_kl_estimator": "low_var_kl"})[0].mappo_kl_estimator \
+        == "low_var_kl"
+    with pytest.raises(ValueError, match="mappo_kl_estimator must be one of kl, abs, mse"):
+        split_mappo_args({"mappo_kl_estimator": "k3"})
+    with pytest.raises(ValueError, match="mappo_kl_estimator shapes the KL in the reward"):
+        split_mappo_args({"mappo_kl_estimator": "low_var_kl", "mappo_algorithm": "grpo"})
+    kls = {}
+    for estimator in ("kl", "low_var_kl"):
+        learner, samples = three_agent_learner(PPOConfig(
+            algorithm="ppo", adaptive_kl=False, init_kl_coef=0.2, kl_estimator=estimator))
+        kls[estimator] = learner.prepare(samples).kl
+    mask = kls["kl"] != 0
+    d = kls["kl"][mask]
+    torch.testing.assert_close(kls["low_var_kl"][mask], torch.expm1(-d) + d, atol=1e-6, rtol=0)
+    assert (kls["low_var_kl"] >= 0).all()

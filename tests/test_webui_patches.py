@@ -575,7 +575,8 @@ def test_fields_of_other_algorithms_are_hidden_and_left_out(engine: Any) -> None
     grpo_only = ("mappo_group_size", "mappo_grpo_normalise", "mappo_grpo_filter",
                  "mappo_kl_loss_coef")
     kl_reward = ("mappo_adaptive_kl", "mappo_init_kl_coef", "mappo_min_kl_coef", "ppo_target",
-                 "mappo_kl_horizon", "mappo_kl_reward", "mappo_agent_kl_scale")
+                 "mappo_kl_horizon", "mappo_kl_reward", "mappo_kl_estimator",
+                 "mappo_agent_kl_scale")
     for name in ("mappo_group_size", "mappo_grpo_normalise", "mappo_grpo_filter",
                  "mappo_kl_loss_coef"):
         assert engine.manager.get_elem_by_id(f"train.{name}").visible is False, name

@@ -16,7 +16,12 @@ from mmoa.agents.prompts import AGENTS
 from mmoa.metrics import SCORING_PROFILES
 from mmoa.train.mappo.algorithms import Algorithm, algorithm_names, get_algorithm
 from mmoa.train.mappo.args import GRPO_FILTERS, MappoArguments
-from mmoa.train.mappo.ppo_math import GROUP_NORMALISATIONS, KL_SHAPES, LOSS_AVERAGING
+from mmoa.train.mappo.ppo_math import (
+    GROUP_NORMALISATIONS,
+    KL_KINDS,
+    KL_SHAPES,
+    LOSS_AVERAGING,
+)
 
 if TYPE_CHECKING:
     from gradio.components import Component
@@ -195,6 +200,10 @@ MAPPO_FIELDS: tuple[MappoField, ...] = (
                "token: -beta x KL at every token (PPO's); mean: the response's mean KL, once "
                "on its last token (a response is not charged for its length)", "choice",
                choices=KL_SHAPES, only_for="kl_reward"),
+    MappoField("mappo_kl_estimator", "mappo_kl_estimator", "KL estimator",
+               "the per-token KL estimate paid: kl (k1, logp - logp_ref, PPO's) or "
+               "low_var_kl (k3: never negative, lower variance), abs, mse", "choice",
+               choices=KL_KINDS, only_for="kl_reward"),
     MappoField("mappo_agent_kl_scale", "mappo_agent_kl_scale", "Per-agent KL scale",
                "multipliers of beta by agent, e.g. selector=4 (empty: one beta for all)",
                "text", only_for="kl_reward"),
@@ -268,7 +277,7 @@ MAPPO_ROWS: tuple[tuple[str, ...], ...] = (
     ("mappo_algorithm", "mappo_group_size", "mappo_grpo_normalise", "mappo_grpo_filter",
      "mappo_loss_averaging", "mappo_kl_loss_coef"),
     ("mappo_adaptive_kl", "mappo_init_kl_coef", "mappo_min_kl_coef", "mappo_kl_target",
-     "mappo_kl_horizon", "mappo_kl_reward", "mappo_agent_kl_scale"),
+     "mappo_kl_horizon", "mappo_kl_reward", "mappo_kl_estimator", "mappo_agent_kl_scale"),
     ("mappo_lam", "mappo_whiten_per_agent", "mappo_qr_retrieval_reward",
      "mappo_adapter_per_agent"),
     ("mappo_max_steps", "mappo_ppo_epochs", "mappo_questions_per_rollout",

@@ -90,6 +90,8 @@ class AdvantageInputs:
     gamma: float = 1.0
     #: How that KL reward is spread over a response (``mappo_kl_reward``, :data:`KL_SHAPES`).
     kl_shape: str = "token"
+    #: Which per-token estimate of that KL is paid (``mappo_kl_estimator``, :data:`KL_KINDS`).
+    kl_estimator: str = "kl"
     lam: float = 0.95
     whiten_advantages: bool = True
     whiten_per_agent: bool = False
@@ -224,7 +226,7 @@ def gae_advantages(inputs: AdvantageInputs) -> Advantages:
     packed_mask = pack_masked(mask, mask)[1]
     rewards, _, kl = token_rewards(_scores(inputs), pack_masked(inputs.old_logprobs, mask)[0],
                                    pack_masked(ref, mask)[0], packed_mask, inputs.kl_coef,
-                                   inputs.kl_shape)
+                                   inputs.kl_shape, inputs.kl_estimator)
     if inputs.whiten_rewards:
         rewards = masked_whiten(rewards, packed_mask, shift_mean=False) * packed_mask
     advantages, returns = compute_gae(rewards, pack_masked(values, mask)[0], packed_mask,
@@ -251,7 +253,7 @@ def reinforce_plus_plus_advantages(inputs: AdvantageInputs) -> Advantages:
     packed_mask = pack_masked(mask, mask)[1]
     rewards, _, kl = token_rewards(_scores(inputs), pack_masked(inputs.old_logprobs, mask)[0],
                                    pack_masked(ref, mask)[0], packed_mask, inputs.kl_coef,
-                                   inputs.kl_shape)
+                                   inputs.kl_shape, inputs.kl_estimator)
     if inputs.whiten_rewards:
         rewards = masked_whiten(rewards, packed_mask, shift_mean=False) * packed_mask
     returns, _ = compute_gae(rewards, torch.zeros_like(rewards), packed_mask, inputs.gamma, 1.0)

@@ -40,7 +40,12 @@ from mmoa.config_values import typed_fields, typed_value
 from mmoa.pipelines import Pipeline, get_pipeline, pipeline_names
 from mmoa.retrieval.client import DEFAULT_URL
 from mmoa.train.mappo.algorithms import Algorithm, algorithm_names, get_algorithm
-from mmoa.train.mappo.ppo_math import GROUP_NORMALISATIONS, KL_SHAPES, LOSS_AVERAGING
+from mmoa.train.mappo.ppo_math import (
+    GROUP_NORMALISATIONS,
+    KL_KINDS,
+    KL_SHAPES,
+    LOSS_AVERAGING,
+)
 
 PREFIX = "mappo_"
 #: Other names of a pipeline, read as the pipeline (SmartRAG's name for the decision agent).
@@ -251,6 +256,12 @@ class MappoArguments:
                           "(-beta x KL at every token, PPO's) or 'mean' (-beta x the mean "
                           "per-token KL, once, on the last token: a response is not charged "
                           "for its length, so a strong KL does not reward short outputs)."})
+    mappo_kl_estimator: str = field(
+        default="kl",
+        metadata={"help": "The per-token estimate of the KL to the warm start paid in the "
+                          "reward: 'kl' (k1, logp - logp_ref, PPO's and the original's), "
+                          "'low_var_kl' (k3, Schulman's: never negative, lower variance; "
+                          "verl's kl_penalty), 'abs' or 'mse'."})
     mappo_cliprange: float = defaults.CLIPRANGE
     mappo_cliprange_high: float | None = field(
         default=None,
@@ -318,7 +329,8 @@ class MappoArguments:
                               ("mappo_grpo_normalise", GROUP_NORMALISATIONS),
                               ("mappo_grpo_filter", GRPO_FILTERS),
                               ("mappo_loss_averaging", LOSS_AVERAGING),
-                              ("mappo_kl_reward", KL_SHAPES)):
+                              ("mappo_kl_reward", KL_SHAPES),
+                              ("mappo_kl_estimator", KL_KINDS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
                                  f"{getattr(self, name)!r}")
@@ -389,9 +401,10 @@ class MappoArguments:
         if not (math.isfinite(penalty) and penalty <= 0):
             raise ValueError(f"mappo_search_format_penalty must be a finite number <= 0 (it is "
                              f"added to the reward), got {penalty}")
-        if self.mappo_kl_reward != "token" and self.algorithm.kl != "reward":
-            raise ValueError(f"mappo_kl_reward shapes the KL in the reward; mappo_algorithm: "
-                             f"{self.mappo_algorithm} has none")
+        for name, default in (("mappo_kl_reward", "token"), ("mappo_kl_estimator", "kl")):
+            if getattr(self, name) != default and self.algorithm.kl != "reward":
+                raise ValueError(f"{name} shapes the KL in the reward; mappo_algorithm: "
+                                 f"{self.mappo_algorithm} has none")
         scales = self.agent_kl_scales  # parsed here, so a bad value fails before loading
         if scales and self.algorithm.kl != "reward":
             raise ValueError(f"mappo_agent_kl_scale scales the KL in the reward "

@@ -282,6 +282,9 @@ class PPOConfig:
     agent_kl_scales: dict[str, float] = field(default_factory=dict)
     #: How the KL reward is spread over a response: "token" or "mean" (``mappo_kl_reward``).
     kl_shape: str = "token"
+    #: The per-token KL estimate paid in that reward: "kl" (k1) or "low_var_kl" (k3), ...
+    #: (``mappo_kl_estimator``).
+    kl_estimator: str = "kl"
     ratio_threshold: float = defaults.RATIO_THRESHOLD
     #: A registered algorithm's name (:mod:`mmoa.train.mappo.algorithms`): "ppo" (value
     #: head, GAE), "grpo" (the samples' group advantages, no critic), ...
@@ -455,6 +458,7 @@ class PPOLearner:
             samples, full.response_mask, old_logprobs, ref_logprobs, value_t,
             self.kl_coefficients(samples),
             gamma=cfg.gamma, lam=cfg.lam, kl_shape=cfg.kl_shape,
+            kl_estimator=cfg.kl_estimator,
             whiten_advantages=cfg.whiten_advantages, whiten_per_agent=cfg.whiten_per_agent,
             whiten_rewards=cfg.whiten_rewards))
         return Rollout(list(samples), full, old_logprobs, ref_logprobs, value_t, out.rewards,

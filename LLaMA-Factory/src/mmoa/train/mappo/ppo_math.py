@@ -387,6 +387,7 @@ def token_rewards(
     mask: torch.Tensor,
     kl_coef: float | torch.Tensor,
     kl_shape: str = "token",
+    kl_estimator: KLKind | str = "kl",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token PPO rewards of a batch of single-turn episodes.
 
@@ -398,7 +399,9 @@ def token_rewards(
 
     Returns ``(rewards, non_score_reward, kl)``, each ``[B, T]`` in at least fp32, 0 at padding:
 
-    * ``kl = logp - logp_ref`` (estimator ``"kl"``, as the original);
+    * ``kl``: the per-token KL estimate :func:`per_token_kl` of ``kl_estimator``: ``"kl"``
+      (k1, ``logp - logp_ref``, the original's and the default) or ``"low_var_kl"`` (k3, never
+      negative, lower variance; verl's ``kl_penalty: low_var_kl``), or ``"abs"`` / ``"mse"``;
     * ``non_score_reward``: with ``kl_shape="token"`` (PPO's, trl's), ``-kl_coef * kl`` on every
       real token; with ``kl_shape="mean"``, ``-kl_coef * mean(kl)`` over the row's tokens, once,
       on its last real token (:data:`KL_SHAPES`);
@@ -418,7 +421,8 @@ def token_rewards(
             f"shape ({logprobs.shape[0]},)"
         )
     zero = torch.zeros((), dtype=dtype, device=logprobs.device)
-    kl = torch.where(m, per_token_kl(logprobs.to(dtype), ref_logprobs.to(dtype), "kl"), zero)
+    kl = torch.where(m, per_token_kl(logprobs.to(dtype), ref_logprobs.to(dtype), kl_estimator),
+                     zero)
     coef = torch.as_tensor(kl_coef, dtype=dtype, device=logprobs.device)
     if coef.dim() == 1:
         if coef.shape != (logprobs.shape[0],):

@@ -202,6 +202,7 @@ class MappoTrainer(Trainer):
             min_kl_coef=mappo_args.mappo_min_kl_coef,
             agent_kl_scales=mappo_args.agent_kl_scales,
             kl_shape=mappo_args.mappo_kl_reward,
+            kl_estimator=mappo_args.mappo_kl_estimator,
             ratio_threshold=mappo_args.mappo_ratio_threshold,
             algorithm=mappo_args.mappo_algorithm,
             loss_averaging=mappo_args.mappo_loss_averaging,
