@@ -401,8 +401,9 @@ class MappoArguments:
         if not (math.isfinite(penalty) and penalty <= 0):
             raise ValueError(f"mappo_search_format_penalty must be a finite number <= 0 (it is "
                              f"added to the reward), got {penalty}")
-        for name, default in (("mappo_kl_reward", "token"), ("mappo_kl_estimator", "kl")):
-            if getattr(self, name) != default and self.algorithm.kl != "reward":
+        default = {f.name: f.default for f in fields(self)}
+        for name in ("mappo_kl_reward", "mappo_kl_estimator"):
+            if getattr(self, name) != default[name] and self.algorithm.kl != "reward":
                 raise ValueError(f"{name} shapes the KL in the reward; mappo_algorithm: "
                                  f"{self.mappo_algorithm} has none")
         scales = self.agent_kl_scales  # parsed here, so a bad value fails before loading

@@ -310,7 +310,8 @@ def per_token_kl(
     With ``d = logp - logp_ref`` for a token sampled from the policy:
 
     * ``"kl"``: ``d`` (k1). Unbiased, can be negative per token. The original system's reward
-      estimator (trl ``kl_penalty="kl"``); :func:`token_rewards` uses it.
+      estimator (trl ``kl_penalty="kl"``); :func:`token_rewards`' default
+      (``mappo_kl_estimator``).
     * ``"abs"``: ``|d|``.
     * ``"mse"``: ``d^2 / 2`` (k2).
     * ``"low_var_kl"``: ``exp(-d) + d - 1`` (k3, Schulman's estimator): unbiased, never
