@@ -101,10 +101,14 @@ def test_trace_prompts_are_the_one_prompt_definition(tiny_model_dir: Path,
 
 
 def _behaviour_ratios(tiny_model_dir: Path, tiny_world_dir: Path, tiny_server_url: str,
-                      *, constrained: bool, score_temperatures: tuple[float, ...]
+                      *, constrained: bool, score_temperatures: tuple[float, ...],
+                      agent_temperatures: dict[str, float] | None = None,
+                      score_agent_temperatures: tuple[dict[str, float], ...] | None = None,
                       ) -> list[dict[str, float]]:
-    """Roll out 4 questions with sampling at temperature 0.7 (no top-p), recording each token's
-    sampling log-prob, then score them as the MAPPO learner does at each temperature given."""
+    """Roll out 4 questions with sampling at temperature 0.7 (``agent_temperatures`` for the
+    agents it names; no top-p), recording each token's sampling log-prob, then score them as the
+    MAPPO learner does at each temperature given (with the per-agent ones of
+    ``score_agent_temperatures``, one per temperature)."""
     import copy
 
     import torch
@@ -122,7 +126,9 @@ def _behaviour_ratios(tiny_model_dir: Path, tiny_world_dir: Path, tiny_server_ur
 
     model, tokenizer = load_for_inference(tiny_model_dir, "llama3")
     torch.manual_seed(0)
-    settings = GenerationSettings(do_sample=True, temperature=0.7, top_p=1.0, top_k=0,
+    settings = GenerationSettings(do_sample=True, temperature=0.7,
+                                  agent_temperatures=dict(agent_temperatures or {}),
+                                  top_p=1.0, top_k=0,
                                   max_new_tokens={"qr": 16, "selector": 12, "generator": 8},
                                   constrained_selector=constrained, record_logprobs=True)
     pipeline = RagPipeline(model, tokenizer, "llama3", RetrievalClient(tiny_server_url), k=5,
@@ -134,9 +140,11 @@ def _behaviour_ratios(tiny_model_dir: Path, tiny_world_dir: Path, tiny_server_ur
                for call in trace.calls.values()]
     assert all(len(s.sampling_logprobs or []) == len(s.response_ids) for s in samples)
     out = []
-    for temperature in score_temperatures:
+    per_agent = score_agent_temperatures or ({},) * len(score_temperatures)
+    for temperature, by_agent in zip(score_temperatures, per_agent, strict=True):
         policy = PolicyWithValue(model, ValueHead(model.config.hidden_size),
-                                 ref_model=copy.deepcopy(model), temperature=temperature)
+                                 ref_model=copy.deepcopy(model), temperature=temperature,
+                                 agent_temperatures=by_agent)
         learner = PPOLearner(policy, torch.optim.SGD(policy.parameters(), lr=0.0), PPOConfig(),
                              pad_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
         out.append(behaviour_ratio_stats(learner.prepare(samples)))
@@ -154,6 +162,23 @@ def test_the_scored_policy_is_the_sampled_one(tiny_model_dir: Path, tiny_world_d
         "behaviour_ratio/max"] < 1 + 1e-3
     assert abs(at_one["behaviour_ratio/mean"] - 1.0) > 0.05 or \
         at_one["behaviour_ratio/max"] - at_one["behaviour_ratio/min"] > 0.1
+
+
+def test_an_agents_own_temperature_is_the_one_it_is_scored_at(tiny_model_dir: Path,
+                                                               tiny_world_dir: Path,
+                                                               tiny_server_url: str) -> None:
+    """With the Selector sampling at 0.3 and the others at 0.7, scoring each row at its agent's
+    temperature gives ratio 1 for every agent; scoring the Selector at the shared 0.7 does not."""
+    own, shared = _behaviour_ratios(
+        tiny_model_dir, tiny_world_dir, tiny_server_url, constrained=False,
+        agent_temperatures={"selector": 0.3}, score_temperatures=(0.7, 0.7),
+        score_agent_temperatures=({"selector": 0.3}, {}))
+    for agent in ("qr", "selector", "generator"):
+        assert own[f"behaviour_ratio/{agent}"] == pytest.approx(1.0, abs=1e-4)
+        if agent != "selector":
+            assert shared[f"behaviour_ratio/{agent}"] == pytest.approx(1.0, abs=1e-4)
+    assert own["behaviour_ratio/max"] < 1 + 1e-3 and own["behaviour_ratio/min"] > 1 - 1e-3
+    assert shared["behaviour_ratio/max"] - shared["behaviour_ratio/min"] > 0.05
 
 
 def test_the_selector_grammar_only_narrows_the_sampler(tiny_model_dir: Path,

@@ -76,6 +76,8 @@ class GenerationSettings:
 
     do_sample: bool = False
     temperature: float = ROLLOUT_TEMPERATURE
+    #: Sampling temperatures of some agents ({"selector": 0.5}); the others use ``temperature``.
+    agent_temperatures: dict[str, float] = field(default_factory=dict)
     top_p: float = ROLLOUT_TOP_P
     top_k: int = 0
     max_new_tokens: dict[str, int] = field(default_factory=lambda: dict(MAX_NEW_TOKENS))
@@ -87,6 +89,10 @@ class GenerationSettings:
     #: A diagnostic of how far the scored policy is from the sampling one; it asks ``generate``
     #: for every step's scores, a ``[batch, vocab]`` tensor per new token, so it is off by default.
     record_logprobs: bool = False
+
+    def temperature_for(self, agent: str) -> float:
+        """The temperature ``agent`` samples at."""
+        return self.agent_temperatures.get(agent, self.temperature)
 
 
 @dataclass
@@ -338,8 +344,8 @@ class RagPipeline:
             "use_cache": True,
         }
         if settings.do_sample:
-            kwargs.update(do_sample=True, temperature=settings.temperature, top_p=settings.top_p,
-                          top_k=settings.top_k)
+            kwargs.update(do_sample=True, temperature=settings.temperature_for(agent),
+                          top_p=settings.top_p, top_k=settings.top_k)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if processor_for is not None:

@@ -100,6 +100,7 @@ class QrSGPipeline:
         settings = GenerationSettings(
             do_sample=True,
             temperature=args.mappo_temperature,
+            agent_temperatures=args.agent_temperatures,
             top_p=args.mappo_top_p,
             max_new_tokens=args.max_new_tokens(),
             constrained_selector=args.mappo_constrained_selector,

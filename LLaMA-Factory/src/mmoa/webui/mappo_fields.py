@@ -256,6 +256,9 @@ MAPPO_FIELDS: tuple[MappoField, ...] = (
     MappoField("mappo_temperature", "mappo_temperature", "Temperature", "rollout sampling",
                "float", minimum=0),
     MappoField("mappo_top_p", "mappo_top_p", "Top-p", "rollout sampling", "float", minimum=0),
+    MappoField("mappo_agent_temperature", "mappo_agent_temperature", "Per-agent temperature",
+               "rollout temperatures by agent, e.g. selector=0.5 (empty: Temperature for all)",
+               "text"),
     MappoField("mappo_max_new_tokens_qr", "mappo_max_new_tokens_qr", "Max new tokens: QR",
                "longest sub-question list the Query Rewriter may write in a rollout "
                "(tokens; fewer: faster steps)", "int", minimum=1),
@@ -281,7 +284,8 @@ MAPPO_ROWS: tuple[tuple[str, ...], ...] = (
     ("mappo_lam", "mappo_whiten_per_agent", "mappo_qr_retrieval_reward",
      "mappo_adapter_per_agent"),
     ("mappo_max_steps", "mappo_ppo_epochs", "mappo_questions_per_rollout",
-     "mappo_rollout_batch_size", "mappo_temperature", "mappo_top_p"),
+     "mappo_rollout_batch_size", "mappo_temperature", "mappo_agent_temperature",
+     "mappo_top_p"),
     ("mappo_max_new_tokens_qr", "mappo_max_new_tokens_selector",
      "mappo_max_new_tokens_generator"),
 )

@@ -56,26 +56,39 @@ ALIASES = {"mmoa_pipeline": "mappo_pipeline"}
 GRPO_FILTERS: tuple[str, ...] = ("none", "skip")
 
 
-def parse_agent_kl_scale(text: str) -> dict[str, float]:
-    """``"qr=2,selector=4"`` -> ``{"qr": 2.0, "selector": 4.0}``; each name one of
-    :data:`~mmoa.agents.prompts.AGENTS` at most once, each multiplier finite and >= 0."""
-    scales: dict[str, float] = {}
+def parse_agent_values(text: str, key: str, *, allow_zero: bool = True) -> dict[str, float]:
+    """``"qr=2,selector=4"`` -> ``{"qr": 2.0, "selector": 4.0}``: a per-agent key's value (an
+    agent not named keeps the shared setting). Each name one of
+    :data:`~mmoa.agents.prompts.AGENTS` at most once, each number finite and >= 0 (> 0 without
+    ``allow_zero``); errors name ``key``."""
+    values: dict[str, float] = {}
+    bound = ">= 0" if allow_zero else "> 0"
     for item in (part.strip() for part in str(text or "").split(",")):
         if not item:
             continue
         name, sep, value = (x.strip() for x in item.partition("="))
-        if not sep or name not in AGENTS or name in scales:
-            raise ValueError(f"mappo_agent_kl_scale: expected AGENT=MULTIPLIER, each agent of "
+        if not sep or name not in AGENTS or name in values:
+            raise ValueError(f"{key}: expected AGENT=NUMBER, each agent of "
                              f"{', '.join(AGENTS)} at most once, got {item!r}")
         try:
-            scale = float(value)
+            number = float(value)
         except ValueError:
-            scale = math.nan
-        if not (math.isfinite(scale) and scale >= 0):
-            raise ValueError(f"mappo_agent_kl_scale: {name}'s multiplier must be a finite "
-                             f"number >= 0, got {value!r}")
-        scales[name] = scale
-    return scales
+            number = math.nan
+        if not (math.isfinite(number) and (number >= 0 if allow_zero else number > 0)):
+            raise ValueError(f"{key}: {name}'s value must be a finite number {bound}, "
+                             f"got {value!r}")
+        values[name] = number
+    return values
+
+
+def parse_agent_kl_scale(text: str) -> dict[str, float]:
+    """``mappo_agent_kl_scale``: multipliers of the KL reward's coefficient, each >= 0."""
+    return parse_agent_values(text, "mappo_agent_kl_scale")
+
+
+def parse_agent_temperature(text: str) -> dict[str, float]:
+    """``mappo_agent_temperature``: rollout temperatures by agent, each > 0."""
+    return parse_agent_values(text, "mappo_agent_temperature", allow_zero=False)
 
 
 @dataclass
@@ -203,6 +216,12 @@ class MappoArguments:
                                      metadata={"help": "Sampling temperature."})
     mappo_top_p: float = field(default=defaults.ROLLOUT_TOP_P,
                                metadata={"help": "Nucleus sampling top-p."})
+    mappo_agent_temperature: str = field(
+        default="",
+        metadata={"help": "Per-agent rollout temperatures, e.g. 'selector=0.5' (qr_s_g's "
+                          "agents; the others mappo_temperature). An agent's tokens are "
+                          "sampled and scored (new, old and reference log-probs, entropy) "
+                          "at its own temperature. Empty: mappo_temperature for all."})
     mappo_max_new_tokens_qr: int = defaults.MAX_NEW_TOKENS["qr"]
     mappo_max_new_tokens_selector: int = defaults.MAX_NEW_TOKENS["selector"]
     mappo_max_new_tokens_generator: int = defaults.MAX_NEW_TOKENS["generator"]
@@ -336,6 +355,11 @@ class MappoArguments:
                                  f"{getattr(self, name)!r}")
         if not 0 < self.mappo_top_p <= 1 or self.mappo_temperature <= 0:
             raise ValueError("mappo_top_p must be in (0, 1] and mappo_temperature > 0")
+        temperatures = self.agent_temperatures  # parsed here: a bad value fails before loading
+        if temperatures and self.is_multiturn:
+            raise ValueError(f"mappo_agent_temperature names the agents of the qr_s_g pipeline; "
+                             f"mappo_pipeline: {self.mappo_pipeline} has one agent, whose "
+                             f"temperature is mappo_temperature")
         self._check_ranges()
         self._check_algorithm()
         if self.mappo_adapter_per_agent and self.is_multiturn:
@@ -437,6 +461,12 @@ class MappoArguments:
     def agent_kl_scales(self) -> dict[str, float]:
         """``mappo_agent_kl_scale`` as ``{agent: multiplier}`` (agents not named: 1)."""
         return parse_agent_kl_scale(self.mappo_agent_kl_scale)
+
+    @property
+    def agent_temperatures(self) -> dict[str, float]:
+        """``mappo_agent_temperature`` as ``{agent: temperature}`` (agents not named:
+        ``mappo_temperature``)."""
+        return parse_agent_temperature(self.mappo_agent_temperature)
 
     @property
     def algorithm(self) -> Algorithm:

@@ -89,20 +89,26 @@ class PolicyWithValue(nn.Module):
 
     ``temperature`` is the rollouts' sampling temperature: every log-prob (new, old, reference)
     and the entropy are those of ``softmax(logits / temperature)``, the distribution the tokens
-    were drawn from, as in current TRL. Top-p truncation and the Selector's grammar mask are not
+    were drawn from, as in current TRL; ``agent_temperatures`` overrides it for the rows of the
+    agents it names (``mappo_agent_temperature``), each row scored at the temperature its agent
+    sampled at. Top-p truncation and the Selector's grammar mask are not
     applied when scoring: they act as the sampler's support, while the policy that is optimised
     and kept near the reference is the model's own distribution at that temperature (see
     :mod:`mmoa.train.mappo.trainer`, "behaviour policy").
     """
 
     def __init__(self, policy: nn.Module, value_head: ValueHead | None,
-                 ref_model: nn.Module | None = None, temperature: float = 1.0) -> None:
+                 ref_model: nn.Module | None = None, temperature: float = 1.0,
+                 agent_temperatures: dict[str, float] | None = None) -> None:
         super().__init__()
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
+        agent_temperatures = dict(agent_temperatures or {})
+        for value in (temperature, *agent_temperatures.values()):
+            if not value > 0:
+                raise ValueError(f"temperature must be > 0, got {value}")
         self.policy = policy
         self.v_head = value_head
         self.temperature = float(temperature)
+        self.agent_temperatures = {a: float(t) for a, t in agent_temperatures.items()}
         #: Rows of very different lengths run in separate passes (see
         #: :func:`response_hidden_and_logits`). Off under DeepSpeed ZeRO-3, where every pass
         #: all-gathers the weights: all processes must then make the same number of passes.
@@ -137,7 +143,7 @@ class PolicyWithValue(nn.Module):
     def forward(self, batch: SampleBatch, with_entropy: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         hidden, logits = self._hidden_and_logits(batch)
-        logits = self._scaled(logits)
+        logits = self.scale_logits(logits, batch)
         logprobs = logprobs_from_logits(logits, batch.response_ids)
         values = self.v_head(hidden).float() if self.v_head is not None else None
         entropy = None
@@ -189,10 +195,22 @@ class PolicyWithValue(nn.Module):
             )
         with context:
             _, logits = response_hidden_and_logits(model, batch, self.group_by_length)
-        return logprobs_from_logits(self._scaled(logits), batch.response_ids)
+        return logprobs_from_logits(self.scale_logits(logits, batch), batch.response_ids)
 
-    def _scaled(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits if self.temperature == 1.0 else logits / self.temperature
+    def row_temperatures(self, agents: Sequence[str], rows: int) -> list[float]:
+        """The temperature each of ``rows`` rows was sampled at, by its agent (``agents`` is
+        empty for a batch without agent names: every row at ``temperature``)."""
+        if not agents:
+            return [self.temperature] * rows
+        return [self.agent_temperatures.get(agent, self.temperature) for agent in agents]
+
+    def scale_logits(self, logits: torch.Tensor, batch: SampleBatch) -> torch.Tensor:
+        """``logits / T`` with each row's sampling temperature ``T``."""
+        temperatures = self.row_temperatures(batch.agents, logits.shape[0])
+        if all(t == self.temperature for t in temperatures):
+            return logits if self.temperature == 1.0 else logits / self.temperature
+        scale = torch.tensor(temperatures, dtype=logits.dtype, device=logits.device)
+        return logits / scale.view(-1, *([1] * (logits.dim() - 1)))
 
 
 def _backbone_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module] | None:

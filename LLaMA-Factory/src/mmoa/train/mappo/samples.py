@@ -49,7 +49,8 @@ class SampleBatch:
     response_mask: torch.Tensor  # [B, T] float
     positions: torch.Tensor  # [B, T] index into L of the logits predicting each response token
     #: Each row's agent: with one adapter per agent, the forward pass scores each agent's rows
-    #: with its own adapter (:mod:`mmoa.agent_adapters`).
+    #: with its own adapter (:mod:`mmoa.agent_adapters`); each row is scored at its agent's
+    #: rollout temperature (``mappo_agent_temperature``).
     agents: tuple[str, ...] = ()
 
     def to(self, device: torch.device | str) -> SampleBatch:

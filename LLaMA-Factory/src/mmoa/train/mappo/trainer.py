@@ -31,6 +31,8 @@ Behaviour policy. Rollouts sample at ``mappo_temperature`` with ``mappo_top_p`` 
 Selector, a grammar mask. Old, new and reference log-probs are all taken from
 ``softmax(logits / mappo_temperature)`` over the whole vocabulary (as current TRL does): the
 temperature is part of the optimised policy, so the first epoch's ratio is that of the sampler.
+``mappo_agent_temperature`` gives some agents their own temperature, for their sampling and
+their rows' scoring alike.
 Top-p and the grammar mask only narrow the sampler's support: the policy that is optimised,
 and kept near the reference by the KL term, is the model's own tempered distribution, and the
 gradient on a sampled Selector token also lowers the probability of tokens the grammar forbids

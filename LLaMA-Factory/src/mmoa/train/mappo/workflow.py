@@ -277,7 +277,8 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
             Path(model_args.adapter_name_or_path[0]) / "value_head.safetensors").is_file():
         value_head.load(model_args.adapter_name_or_path[0])
     model = PolicyWithValue(policy, value_head, ref_model,
-                            temperature=mappo_args.mappo_temperature)
+                            temperature=mappo_args.mappo_temperature,
+                            agent_temperatures=mappo_args.agent_temperatures)
 
     trainer = MappoTrainer(
         model=model, tokenizer=tokenizer, template=data_args.template, records=records,
