@@ -170,9 +170,11 @@ def test_thresholds_come_from_the_defaults() -> None:
     assert by_key["selected_gold_recall"].threshold == defaults.DRIFT_RECALL_DROP == 0.20
     assert by_key["candidate_gold_recall"].threshold == defaults.DRIFT_RECALL_DROP
     assert by_key["answer_words"].threshold == defaults.DRIFT_ANSWER_WORDS_RATIO == 2.0
+    assert by_key["kl/selector"].threshold == defaults.DRIFT_NEGATIVE_KL == -0.1
     assert {rule.key: rule.agent for rule in DRIFT_RULES} == {
         "num_selected": "selector", "selected_gold_recall": "selector",
-        "candidate_gold_recall": "qr", "answer_words": "generator"}
+        "candidate_gold_recall": "qr", "answer_words": "generator",
+        "kl/qr": "qr", "kl/selector": "selector", "kl/generator": "generator"}
 
 
 def test_each_rule_at_its_threshold() -> None:
@@ -185,6 +187,10 @@ def test_each_rule_at_its_threshold() -> None:
     double = DriftRule("generator", "answer_words", "ratio_at_least", 2.0)
     assert not double.crossed(2.0, 3.9) and double.crossed(2.0, 4.0)
     assert not double.crossed(0.0, 5.0)
+    negative = DriftRule("selector", "kl/selector", "below", -0.1)
+    assert not negative.crossed(0.0, -0.1) and negative.crossed(0.0, -0.11)
+    assert negative.crossed(0.3, -0.63), "an absolute floor: the baseline does not matter"
+    assert negative.describe() == "fell below -0.1"
 
 
 def test_the_monitor_warns_once_per_statistic_and_counts_flags_every_step() -> None:

@@ -107,6 +107,35 @@ def test_processor_remembers_the_allowed_tokens_per_text_and_per_k(tiny) -> None
     assert set(twelve.allowed_tokens("Document1")) != set(five.allowed_tokens("Document1"))
 
 
+def test_the_recorded_support_is_what_the_mask_allowed_while_sampling(tiny, tiny_world) -> None:
+    """``support(response)`` gives, position by position, the tokens the processor left
+    finite while the response was generated, and each holds the token that was sampled."""
+    model, tokenizer, renderer = tiny
+    docs = [f"{p['title']}\n{p['text']}" for p in tiny_world.corpus[:5]]
+    prompt_ids = renderer.prompt_ids(selector_prompt("Who directed The Amber Lantern?", docs))
+    width = len(prompt_ids)
+    batch = torch.tensor([prompt_ids] * 6)
+    processor = SelectorLogitsProcessor(tokenizer, 5, width, renderer.stop_token_ids)
+    torch.manual_seed(1)
+    out = model.generate(
+        batch, attention_mask=torch.ones_like(batch), do_sample=True, temperature=1.5,
+        max_new_tokens=12, eos_token_id=renderer.stop_token_ids,
+        pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+        logits_processor=LogitsProcessorList([processor]))
+    stop = set(renderer.stop_token_ids)
+    for row in out[:, width:].tolist():
+        response = row[: next((i + 1 for i, t in enumerate(row) if t in stop), len(row))]
+        support = processor.support(response)
+        assert len(support) == len(response)
+        for t, token in enumerate(response):
+            prefix = torch.tensor([prompt_ids + response[:t]])
+            scores = processor(prefix, torch.zeros(1, len(tokenizer)))[0]
+            assert set(torch.isfinite(scores).nonzero().squeeze(1).tolist()) == set(support[t])
+            assert token in support[t]
+    with pytest.raises(ValueError, match="after a stop token"):
+        processor.support([renderer.stop_token_ids[0], 5])
+
+
 def test_rendered_prompts_contain_the_text_and_end_with_the_assistant_header(tiny) -> None:
     _, tokenizer, renderer = tiny
     for prompt in (

@@ -104,11 +104,12 @@ def _behaviour_ratios(tiny_model_dir: Path, tiny_world_dir: Path, tiny_server_ur
                       *, constrained: bool, score_temperatures: tuple[float, ...],
                       agent_temperatures: dict[str, float] | None = None,
                       score_agent_temperatures: tuple[dict[str, float], ...] | None = None,
-                      ) -> list[dict[str, float]]:
+                      masked_scoring: bool = False) -> list[dict[str, float]]:
     """Roll out 4 questions with sampling at temperature 0.7 (``agent_temperatures`` for the
     agents it names; no top-p), recording each token's sampling log-prob, then score them as the
     MAPPO learner does at each temperature given (with the per-agent ones of
-    ``score_agent_temperatures``, one per temperature)."""
+    ``score_agent_temperatures``, one per temperature; with ``masked_scoring`` over the
+    supports the grammar mask allowed, as ``mappo_masked_scoring`` does)."""
     import copy
 
     import torch
@@ -130,12 +131,13 @@ def _behaviour_ratios(tiny_model_dir: Path, tiny_world_dir: Path, tiny_server_ur
                                   agent_temperatures=dict(agent_temperatures or {}),
                                   top_p=1.0, top_k=0,
                                   max_new_tokens={"qr": 16, "selector": 12, "generator": 8},
-                                  constrained_selector=constrained, record_logprobs=True)
+                                  constrained_selector=constrained, record_logprobs=True,
+                                  record_support=masked_scoring)
     pipeline = RagPipeline(model, tokenizer, "llama3", RetrievalClient(tiny_server_url), k=5,
                            settings=settings)
     records = load_qa(tiny_world_dir / "dev.jsonl", "demo")[:4]
     samples = [Sample(call.agent, call.prompt_ids, call.response_ids, 0.0,
-                      call.sampling_logprobs)
+                      call.sampling_logprobs, support=call.support)
                for trace in pipeline.run([r.question for r in records])
                for call in trace.calls.values()]
     assert all(len(s.sampling_logprobs or []) == len(s.response_ids) for s in samples)
@@ -193,6 +195,19 @@ def test_the_selector_grammar_only_narrows_the_sampler(tiny_model_dir: Path,
     assert stats["behaviour_ratio/max"] < 1 + 1e-3
     for agent in ("qr", "generator"):
         assert stats[f"behaviour_ratio/{agent}"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_masked_scoring_scores_the_selector_as_it_was_sampled(tiny_model_dir: Path,
+                                                              tiny_world_dir: Path,
+                                                              tiny_server_url: str) -> None:
+    """Scored over the supports its grammar mask allowed, the Selector's tokens get the
+    log-probs they were sampled with (ratio 1 up to float noise), as the unmasked agents do."""
+    (stats,) = _behaviour_ratios(tiny_model_dir, tiny_world_dir, tiny_server_url,
+                                 constrained=True, score_temperatures=(0.7,),
+                                 masked_scoring=True)
+    for agent in ("qr", "selector", "generator"):
+        assert stats[f"behaviour_ratio/{agent}"] == pytest.approx(1.0, abs=1e-4)
+    assert stats["behaviour_ratio/max"] < 1 + 1e-3 and stats["behaviour_ratio/min"] > 1 - 1e-3
 
 
 def test_sampled_evaluation_is_seeded_and_labelled(tiny_model_dir: Path, tiny_world_dir: Path,

@@ -106,3 +106,8 @@ TOA_CHUNK_SIZE = 20
 DRIFT_SELECTED_FRACTION = 0.5
 DRIFT_RECALL_DROP = 0.20
 DRIFT_ANSWER_WORDS_RATIO = 2.0
+# ... and an agent's mean k1 KL estimate to the reference (nats a token) falls below this: a
+# KL is never negative, so a clearly negative estimate means the tokens are scored under a
+# distribution other than the one they were sampled from (the Selector's grammar mask without
+# ``mappo_masked_scoring``), and the KL reward is paying the agent a bonus.
+DRIFT_NEGATIVE_KL = -0.1

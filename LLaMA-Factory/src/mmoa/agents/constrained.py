@@ -133,6 +133,21 @@ class SelectorLogitsProcessor(LogitsProcessor):
             allowed.extend(self.stop_token_ids)
         return allowed
 
+    def support(self, response_ids: Sequence[int]) -> list[list[int]]:
+        """The token ids the mask allowed at each position of a generated ``response_ids`` (the
+        sampler's support there), as :meth:`__call__` computed them while generating: the
+        grammar's tokens for the text before that position, plus the stop ids once it is a
+        complete selection. A trainer scores the sampled tokens over these sets so that the
+        policy it optimises is the distribution they were drawn from."""
+        out: list[list[int]] = []
+        for t in range(len(response_ids)):
+            generated = list(response_ids[:t])
+            if self._stop_set.intersection(generated):
+                raise ValueError("the response continues after a stop token")
+            text = self.tokenizer.decode(generated, skip_special_tokens=False)
+            out.append(self.allowed_tokens(text) or list(self.stop_token_ids))
+        return out
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         mask = torch.full_like(scores, float("-inf"))
         for row in range(input_ids.shape[0]):

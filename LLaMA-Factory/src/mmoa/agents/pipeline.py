@@ -89,6 +89,10 @@ class GenerationSettings:
     #: A diagnostic of how far the scored policy is from the sampling one; it asks ``generate``
     #: for every step's scores, a ``[batch, vocab]`` tensor per new token, so it is off by default.
     record_logprobs: bool = False
+    #: Keep, for each token an agent wrote under a logits mask (the Selector's grammar), the
+    #: ids the mask allowed there: ``AgentCall.support``. MAPPO's ``mappo_masked_scoring``
+    #: scores those tokens over that support.
+    record_support: bool = False
 
     def temperature_for(self, agent: str) -> float:
         """The temperature ``agent`` samples at."""
@@ -107,6 +111,10 @@ class AgentCall:
     #: ``log p(token)`` of each response token under the sampling distribution, when
     #: ``GenerationSettings.record_logprobs`` is on; else ``None``.
     sampling_logprobs: list[float] | None = None
+    #: The token ids the logits mask allowed at each response position, when
+    #: ``GenerationSettings.record_support`` is on and the agent decodes under a mask; else
+    #: ``None`` (the whole vocabulary).
+    support: list[list[int]] | None = None
 
 
 @dataclass
@@ -348,10 +356,11 @@ class RagPipeline:
                           top_p=settings.top_p, top_k=settings.top_k)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if processor_for is not None:
+        processor = processor_for(width) if processor_for is not None else None
+        if processor is not None:
             from transformers import LogitsProcessorList
 
-            kwargs["logits_processor"] = LogitsProcessorList([processor_for(width)])
+            kwargs["logits_processor"] = LogitsProcessorList([processor])
         if settings.record_logprobs:
             kwargs.update(output_scores=True, return_dict_in_generate=True)
         with use_agent(self.model, agent):  # its own adapter, with one per agent
@@ -384,5 +393,7 @@ class RagPipeline:
                 response_ids=response,
                 response_text=self.tokenizer.decode(text_ids, skip_special_tokens=True).strip(),
                 sampling_logprobs=sampled[row][: len(response)] if sampled is not None else None,
+                support=processor.support(response)
+                if processor is not None and settings.record_support else None,
             ))
         return calls

@@ -105,6 +105,7 @@ class QrSGPipeline:
             max_new_tokens=args.max_new_tokens(),
             constrained_selector=args.mappo_constrained_selector,
             record_logprobs=args.mappo_log_behaviour_ratio,
+            record_support=args.mappo_masked_scoring,
             max_subquestions=args.mappo_qr_max_subquestions,
         )
         # One run for the whole step: generate calls of at most mappo_rollout_batch_size
@@ -169,12 +170,15 @@ class QrSGPipeline:
                     calls={a: (trace.calls[a].prompt_ids, trace.calls[a].response_ids,
                                trace.calls[a].sampling_logprobs) for a in agents},
                     shared=rewards.shared,
-                    penalties={a: rewards.penalty(a) for a in agents}))
+                    penalties={a: rewards.penalty(a) for a in agents},
+                    supports={a: trace.calls[a].support for a in agents
+                              if trace.calls[a].support is not None}))
                 continue
             for agent in agents:
                 call = trace.calls[agent]
                 samples.append(Sample(agent, call.prompt_ids, call.response_ids,
-                                      rewards.totals[agent], call.sampling_logprobs))
+                                      rewards.totals[agent], call.sampling_logprobs,
+                                      support=call.support))
         summary = {k: float(np.mean(v)) for k, v in logs.items()}
         # gold recall / precision of the selection, candidate recall, answer words
         summary.update(step_agent_stats(repeated, traces))

@@ -259,6 +259,8 @@ MAPPO_FIELDS: tuple[MappoField, ...] = (
     MappoField("mappo_agent_temperature", "mappo_agent_temperature", "Per-agent temperature",
                "rollout temperatures by agent, e.g. selector=0.5 (empty: Temperature for all)",
                "text"),
+    MappoField("mappo_masked_scoring", "mappo_masked_scoring", "Masked Selector scoring",
+               "score the Selector's tokens under the grammar mask it sampled with", "bool"),
     MappoField("mappo_max_new_tokens_qr", "mappo_max_new_tokens_qr", "Max new tokens: QR",
                "longest sub-question list the Query Rewriter may write in a rollout "
                "(tokens; fewer: faster steps)", "int", minimum=1),
@@ -285,7 +287,7 @@ MAPPO_ROWS: tuple[tuple[str, ...], ...] = (
      "mappo_adapter_per_agent"),
     ("mappo_max_steps", "mappo_ppo_epochs", "mappo_questions_per_rollout",
      "mappo_rollout_batch_size", "mappo_temperature", "mappo_agent_temperature",
-     "mappo_top_p"),
+     "mappo_top_p", "mappo_masked_scoring"),
     ("mappo_max_new_tokens_qr", "mappo_max_new_tokens_selector",
      "mappo_max_new_tokens_generator"),
 )

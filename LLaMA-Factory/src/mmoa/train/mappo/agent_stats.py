@@ -92,7 +92,7 @@ def step_agent_stats(records: Sequence[QARecord], traces: Sequence[Trace]) -> di
 
 # -- the drift monitor ---------------------------------------------------------------------------
 
-RuleKind = Literal["fraction_at_most", "drop_over", "ratio_at_least"]
+RuleKind = Literal["fraction_at_most", "drop_over", "ratio_at_least", "below"]
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,9 @@ class DriftRule:
 
     ``fraction_at_most``: ``now <= threshold * baseline`` (a count that collapses);
     ``drop_over``: ``baseline - now > threshold`` (a fraction that loses points);
-    ``ratio_at_least``: ``now >= threshold * baseline`` (a length that grows). The ratio rules
-    need a positive baseline: half or double of nothing says nothing."""
+    ``ratio_at_least``: ``now >= threshold * baseline`` (a length that grows); ``below``:
+    ``now < threshold`` whatever the baseline (a value that should never get there). The ratio
+    rules need a positive baseline: half or double of nothing says nothing."""
 
     agent: str
     key: str
@@ -110,6 +111,8 @@ class DriftRule:
     threshold: float
 
     def crossed(self, baseline: float, now: float) -> bool:
+        if self.kind == "below":
+            return now < self.threshold
         if self.kind == "drop_over":
             return baseline - now > self.threshold
         if baseline <= 0:
@@ -119,6 +122,8 @@ class DriftRule:
         return now >= self.threshold * baseline
 
     def describe(self) -> str:
+        if self.kind == "below":
+            return f"fell below {self.threshold:g}"
         if self.kind == "drop_over":
             return f"fell by more than {self.threshold * 100:g} points"
         if self.kind == "fraction_at_most":
@@ -132,6 +137,9 @@ DRIFT_RULES: tuple[DriftRule, ...] = (
     DriftRule("selector", "selected_gold_recall", "drop_over", defaults.DRIFT_RECALL_DROP),
     DriftRule("qr", "candidate_gold_recall", "drop_over", defaults.DRIFT_RECALL_DROP),
     DriftRule("generator", "answer_words", "ratio_at_least", defaults.DRIFT_ANSWER_WORDS_RATIO),
+    # a negative KL estimate: scored under another distribution than the sampled one
+    *(DriftRule(agent, f"kl/{agent}", "below", defaults.DRIFT_NEGATIVE_KL)
+      for agent in ("qr", "selector", "generator")),
 )
 
 

@@ -228,6 +228,13 @@ class MappoArguments:
     mappo_constrained_selector: bool = field(
         default=True, metadata={"help": "Grammar-constrained Selector decoding."}
     )
+    mappo_masked_scoring: bool = field(
+        default=False,
+        metadata={"help": "Score the Selector's tokens under the grammar mask it sampled with "
+                          "(new, old and reference log-probs and the entropy over the tokens "
+                          "the grammar allowed), so that the optimised policy and its KL are "
+                          "those of the masked sampler. qr_s_g with mappo_constrained_selector."},
+    )
     mappo_log_behaviour_ratio: bool = field(
         default=False,
         metadata={"help": "Log behaviour_ratio/*: the scored over the sampled probability of "
@@ -360,6 +367,11 @@ class MappoArguments:
             raise ValueError(f"mappo_agent_temperature names the agents of the qr_s_g pipeline; "
                              f"mappo_pipeline: {self.mappo_pipeline} has one agent, whose "
                              f"temperature is mappo_temperature")
+        if self.mappo_masked_scoring and (self.is_multiturn
+                                          or not self.mappo_constrained_selector):
+            raise ValueError("mappo_masked_scoring scores the qr_s_g Selector under its grammar "
+                             "mask: it needs mappo_pipeline: qr_s_g and "
+                             "mappo_constrained_selector: true")
         self._check_ranges()
         self._check_algorithm()
         if self.mappo_adapter_per_agent and self.is_multiturn:

@@ -35,6 +35,9 @@ class PipelineOutcome:
     #: ``agent -> loss mask`` of a multi-turn response (0 on retrieved tokens; see
     #: :attr:`mmoa.train.mappo.samples.Sample.loss_mask`); an agent absent here trains on all.
     loss_masks: dict[str, list[int]] = field(default_factory=dict)
+    #: ``agent -> support`` of a response sampled under a logits mask (see
+    #: :attr:`mmoa.train.mappo.samples.Sample.support`); an agent absent here: whole vocabulary.
+    supports: dict[str, list[list[int]]] = field(default_factory=dict)
 
 
 def group_samples(outcomes: Sequence[PipelineOutcome], group_size: int,
@@ -85,7 +88,8 @@ def group_samples(outcomes: Sequence[PipelineOutcome], group_size: int,
                 samples.append(Sample(agent, prompt_ids, response_ids,
                                       outcome.shared + outcome.penalties[agent], sampled,
                                       advantage=advantage,
-                                      loss_mask=outcome.loss_masks.get(agent)))
+                                      loss_mask=outcome.loss_masks.get(agent),
+                                      support=outcome.supports.get(agent)))
     stds = [statistics.pstdev(row) for row in shared]
     logs = {
         "grpo/groups": float(len(groups)),

@@ -61,6 +61,7 @@ from mmoa.train.mappo.ppo_math import (
     logprobs_from_logits,
     masked_mean,
     per_token_kl,
+    restrict_to_support,
     value_loss,
 )
 from mmoa.train.mappo.samples import (
@@ -91,10 +92,10 @@ class PolicyWithValue(nn.Module):
     and the entropy are those of ``softmax(logits / temperature)``, the distribution the tokens
     were drawn from, as in current TRL; ``agent_temperatures`` overrides it for the rows of the
     agents it names (``mappo_agent_temperature``), each row scored at the temperature its agent
-    sampled at. Top-p truncation and the Selector's grammar mask are not
-    applied when scoring: they act as the sampler's support, while the policy that is optimised
-    and kept near the reference is the model's own distribution at that temperature (see
-    :mod:`mmoa.train.mappo.trainer`, "behaviour policy").
+    sampled at. Top-p truncation is not applied when scoring; the Selector's grammar mask is
+    applied only to the rows whose batch carries its support (``mappo_masked_scoring``):
+    otherwise the policy that is optimised and kept near the reference is the model's own
+    distribution at that temperature (see :mod:`mmoa.train.mappo.trainer`, "behaviour policy").
     """
 
     def __init__(self, policy: nn.Module, value_head: ValueHead | None,
@@ -143,7 +144,7 @@ class PolicyWithValue(nn.Module):
     def forward(self, batch: SampleBatch, with_entropy: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         hidden, logits = self._hidden_and_logits(batch)
-        logits = self.scale_logits(logits, batch)
+        logits = restrict_to_support(self.scale_logits(logits, batch), batch.support_ids)
         logprobs = logprobs_from_logits(logits, batch.response_ids)
         values = self.v_head(hidden).float() if self.v_head is not None else None
         entropy = None
@@ -195,7 +196,9 @@ class PolicyWithValue(nn.Module):
             )
         with context:
             _, logits = response_hidden_and_logits(model, batch, self.group_by_length)
-        return logprobs_from_logits(self.scale_logits(logits, batch), batch.response_ids)
+        return logprobs_from_logits(
+            restrict_to_support(self.scale_logits(logits, batch), batch.support_ids),
+            batch.response_ids)
 
     def row_temperatures(self, agents: Sequence[str], rows: int) -> list[float]:
         """The temperature each of ``rows`` rows was sampled at, by its agent (``agents`` is

@@ -66,6 +66,7 @@ __all__ = [
     "pack_masked",
     "per_token_kl",
     "policy_loss",
+    "restrict_to_support",
     "token_rewards",
     "unpack_masked",
     "value_loss",
@@ -282,6 +283,39 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
         picked = row.gather(-1, row_labels.unsqueeze(-1).long()).squeeze(-1)
         rows.append(picked - torch.logsumexp(row, dim=-1))
     return torch.stack(rows)
+
+
+def restrict_to_support(logits: torch.Tensor, support_ids: torch.Tensor | None) -> torch.Tensor:
+    """``logits`` with ``-inf`` outside each position's support, out of place, differentiable.
+
+    ``logits``: ``[B, T, V]``; ``support_ids``: ``[B, T, A]`` token ids, ``-1``-padded, where a
+    position whose entries are all ``-1`` keeps its whole vocabulary (``None``: every position
+    does). Then ``logprobs_from_logits`` gives ``logit[label] - logsumexp(logits[support])``,
+    the log-prob under the renormalised masked distribution a grammar-constrained sampler drew
+    from, and ``entropy_from_logits`` that distribution's entropy. Only the rows with a
+    constrained position are masked (a ``[rows, T, V]`` boolean), as one agent's rows of a
+    pooled batch usually are the only ones.
+    """
+    if support_ids is None:
+        return logits
+    if support_ids.shape[:2] != logits.shape[:2]:
+        raise ValueError(f"support_ids {tuple(support_ids.shape)} does not match logits "
+                         f"{tuple(logits.shape)} in its first two dimensions")
+    constrained = (support_ids >= 0).any(dim=-1)  # [B, T]
+    rows = constrained.any(dim=1).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return logits
+    vocab = logits.shape[-1]
+    ids = support_ids[rows]
+    if int(ids.max()) >= vocab:
+        raise ValueError(f"a support id ({int(ids.max())}) is outside the vocabulary ({vocab})")
+    # padding (-1) is scattered into an extra column that is then dropped
+    index = torch.where(ids >= 0, ids, torch.full_like(ids, vocab))
+    allowed = torch.zeros((*ids.shape[:2], vocab + 1), dtype=torch.bool, device=logits.device)
+    allowed.scatter_(-1, index, True)
+    allowed = allowed[..., :vocab] | ~constrained[rows].unsqueeze(-1)
+    masked = logits[rows].masked_fill(~allowed, float("-inf"))
+    return logits.index_put((rows,), masked)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,10 @@ class Sample:
     #: appended it (the search agent's retrieved ``<information>``). Masked tokens stay in the
     #: forward pass as context but enter no loss, KL, value or advantage. ``None``: all 1.
     loss_mask: list[int] | None = None
+    #: The token ids the sampler's logits mask allowed at each response position (the
+    #: Selector's grammar, recorded under ``mappo_masked_scoring``): the tokens are then scored
+    #: over these ids only. ``None``: over the whole vocabulary.
+    support: list[list[int]] | None = None
 
 
 @dataclass
@@ -52,18 +56,24 @@ class SampleBatch:
     #: with its own adapter (:mod:`mmoa.agent_adapters`); each row is scored at its agent's
     #: rollout temperature (``mappo_agent_temperature``).
     agents: tuple[str, ...] = ()
+    #: ``[B, T, A]`` the allowed token ids of each response position, ``-1``-padded; a position
+    #: whose entries are all ``-1`` is unconstrained. ``None`` when no sample has a support.
+    support_ids: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> SampleBatch:
         return SampleBatch(*(t.to(device) for t in (
             self.input_ids, self.attention_mask, self.response_ids, self.response_mask,
-            self.positions)), agents=self.agents)
+            self.positions)), agents=self.agents,
+            support_ids=None if self.support_ids is None else self.support_ids.to(device))
 
     def select(self, rows: list[int]) -> SampleBatch:
         """The batch of ``rows`` only (same widths: positions stay valid)."""
         index = torch.tensor(rows, device=self.input_ids.device)
         return SampleBatch(*(t[index] for t in (
             self.input_ids, self.attention_mask, self.response_ids, self.response_mask,
-            self.positions)), agents=tuple(self.agents[r] for r in rows) if self.agents else ())
+            self.positions)), agents=tuple(self.agents[r] for r in rows) if self.agents else (),
+            support_ids=None if self.support_ids is None
+            else self.support_ids[index.to(self.support_ids.device)])
 
 
 def collate(samples: Sequence[Sample], pad_id: int) -> SampleBatch:
@@ -97,7 +107,29 @@ def collate(samples: Sequence[Sample], pad_id: int) -> SampleBatch:
         positions[row, :r] = torch.arange(start, start + r)
         positions[row, r:] = start + r - 1  # any valid index; masked out
     return SampleBatch(input_ids, attention, response_ids, response_mask, positions,
-                       agents=tuple(s.agent for s in samples))
+                       agents=tuple(s.agent for s in samples),
+                       support_ids=_support_ids(samples, max_response))
+
+
+def _support_ids(samples: Sequence[Sample], max_response: int) -> torch.Tensor | None:
+    """``[B, T, A]`` the samples' supports, ``-1``-padded (see ``SampleBatch.support_ids``)."""
+    if all(s.support is None for s in samples):
+        return None
+    width = max(len(ids) for s in samples if s.support is not None for ids in s.support)
+    out = torch.full((len(samples), max_response, max(width, 1)), -1, dtype=torch.long)
+    for row, sample in enumerate(samples):
+        if sample.support is None:
+            continue
+        if len(sample.support) != len(sample.response_ids):
+            raise ValueError(f"sample {row} ({sample.agent}): support has "
+                             f"{len(sample.support)} positions for "
+                             f"{len(sample.response_ids)} response tokens")
+        for t, ids in enumerate(sample.support):
+            if sample.response_ids[t] not in ids:
+                raise ValueError(f"sample {row} ({sample.agent}): response token {t} "
+                                 f"({sample.response_ids[t]}) is outside its support")
+            out[row, t, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out
 
 
 def gather_positions(tensor: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

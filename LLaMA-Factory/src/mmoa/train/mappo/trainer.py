@@ -33,11 +33,16 @@ Selector, a grammar mask. Old, new and reference log-probs are all taken from
 temperature is part of the optimised policy, so the first epoch's ratio is that of the sampler.
 ``mappo_agent_temperature`` gives some agents their own temperature, for their sampling and
 their rows' scoring alike.
-Top-p and the grammar mask only narrow the sampler's support: the policy that is optimised,
-and kept near the reference by the KL term, is the model's own tempered distribution, and the
-gradient on a sampled Selector token also lowers the probability of tokens the grammar forbids
-(which greedy evaluation, also masked, never emits). ``mappo_log_behaviour_ratio`` logs the
-scored over the sampled probability of every token (1 where nothing was cut).
+By default top-p and the grammar mask only narrow the sampler's support: the policy that is
+optimised, and kept near the reference by the KL term, is the model's own tempered
+distribution, and the gradient on a sampled Selector token also lowers the probability of
+tokens the grammar forbids (which greedy evaluation, also masked, never emits). The k1 KL
+estimate on masked tokens is then biased: a policy that moves mass onto forbidden tokens gets
+a negative "KL" on the tokens it may write, which the KL reward pays as a bonus.
+``mappo_masked_scoring`` scores the Selector's tokens over the ids the grammar allowed at
+each position (recorded at rollout): its log-probs, KL and entropy are then the masked
+distribution's, the one it sampled from and is evaluated with. ``mappo_log_behaviour_ratio``
+logs the scored over the sampled probability of every token (1 where nothing was cut).
 """
 
 from __future__ import annotations
