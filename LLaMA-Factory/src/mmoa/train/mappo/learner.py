@@ -710,8 +710,9 @@ def behaviour_ratio_stats(rollout: Rollout) -> dict[str, float]:
     old log-prob as the learner scores it, over the log-prob under the sampler's distribution.
     Scored at the sampling temperature with no truncation, ``r`` is 1 up to float noise; top-p and
     the Selector's grammar mask make ``r <= 1`` where they cut the support (the sampler
-    renormalises over fewer tokens). Returns ``behaviour_ratio/mean``, ``/std``, ``/min`` and
-    ``/max`` over all such tokens, and the mean per agent; empty when nothing was recorded.
+    renormalises over fewer tokens), the mask no longer under ``mappo_masked_scoring``.
+    Returns ``behaviour_ratio/mean``, ``/std``, ``/min`` and ``/max`` over all such tokens, and
+    the mean per agent; empty when nothing was recorded.
     """
     ratios: list[torch.Tensor] = []
     per_agent: dict[str, list[torch.Tensor]] = defaultdict(list)
