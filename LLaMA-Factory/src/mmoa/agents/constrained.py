@@ -141,24 +141,27 @@ class SelectorLogitsProcessor(LogitsProcessor):
         policy it optimises is the distribution they were drawn from."""
         out: list[list[int]] = []
         for t in range(len(response_ids)):
-            generated = list(response_ids[:t])
-            if self._stop_set.intersection(generated):
+            allowed = self._allowed_after(list(response_ids[:t]))
+            if allowed is None:
                 raise ValueError("the response continues after a stop token")
-            text = self.tokenizer.decode(generated, skip_special_tokens=False)
-            out.append(self.allowed_tokens(text) or list(self.stop_token_ids))
+            out.append(allowed)
         return out
+
+    def _allowed_after(self, generated: list[int]) -> list[int] | None:
+        """The ids allowed after the ``generated`` tokens; ``None`` once a stop id is among
+        them (a finished row is only padded from there on: it is left unconstrained)."""
+        if self._stop_set.intersection(generated):
+            return None
+        text = self.tokenizer.decode(generated, skip_special_tokens=False)
+        # cannot be empty for a valid prefix; never leave a row without a choice
+        return self.allowed_tokens(text) or list(self.stop_token_ids)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         mask = torch.full_like(scores, float("-inf"))
         for row in range(input_ids.shape[0]):
-            generated = input_ids[row, self.prompt_length:].tolist()
-            if self._stop_set.intersection(generated):
-                # A finished row is only padded from here on; leave it unconstrained.
+            allowed = self._allowed_after(input_ids[row, self.prompt_length:].tolist())
+            if allowed is None:
                 mask[row] = 0.0
-                continue
-            text = self.tokenizer.decode(generated, skip_special_tokens=False)
-            allowed = self.allowed_tokens(text)
-            if not allowed:  # cannot happen for a valid prefix; never leave a row without a choice
-                allowed = self.stop_token_ids
-            mask[row, allowed] = 0.0
+            else:
+                mask[row, allowed] = 0.0
         return scores + mask

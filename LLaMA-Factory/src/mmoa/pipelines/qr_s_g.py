@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mmoa.agents.modes import MODE_AGENTS, MODES, ORACLE_MODES
+from mmoa.agents.prompts import AGENTS  # every step logs each agent's statistics
 from mmoa.data.records import QARecord
 from mmoa.metrics import DEFAULT_PROFILE, score_answer
 from mmoa.pipelines.base import Batch, Evaluator, Timings, register_pipeline
@@ -35,8 +36,6 @@ if TYPE_CHECKING:
     from mmoa.train.mappo.samples import Sample
     from mmoa.train.progress import RolloutStage
 
-#: The agents whose statistics every step logs (whichever of them are optimised).
-AGENTS = ("qr", "selector", "generator")
 
 
 def penalty_config(args: MappoArguments) -> PenaltyConfig:

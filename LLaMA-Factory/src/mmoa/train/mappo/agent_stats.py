@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from mmoa import defaults
+from mmoa.agents.prompts import AGENTS
 from mmoa.data.support import GoldSupport
 
 if TYPE_CHECKING:
@@ -139,7 +140,7 @@ DRIFT_RULES: tuple[DriftRule, ...] = (
     DriftRule("generator", "answer_words", "ratio_at_least", defaults.DRIFT_ANSWER_WORDS_RATIO),
     # a negative KL estimate: scored under another distribution than the sampled one
     *(DriftRule(agent, f"kl/{agent}", "below", defaults.DRIFT_NEGATIVE_KL)
-      for agent in ("qr", "selector", "generator")),
+      for agent in AGENTS),
 )
 
 

@@ -72,8 +72,7 @@ class SampleBatch:
         return SampleBatch(*(t[index] for t in (
             self.input_ids, self.attention_mask, self.response_ids, self.response_mask,
             self.positions)), agents=tuple(self.agents[r] for r in rows) if self.agents else (),
-            support_ids=None if self.support_ids is None
-            else self.support_ids[index.to(self.support_ids.device)])
+            support_ids=None if self.support_ids is None else self.support_ids[index])
 
 
 def collate(samples: Sequence[Sample], pad_id: int) -> SampleBatch:
