@@ -302,6 +302,6 @@ def test_the_grpo_examples_parse_and_match_their_ppo_configs(grpo: str, ppo: str
         == ppo_args.mappo_questions_per_rollout
     ppo_only = {"mappo_init_kl_coef", "mappo_min_kl_coef", "mappo_cliprange_value",
                 "mappo_vf_coef", "mappo_gamma", "mappo_lam", "mappo_whiten_per_agent",
-                "mappo_qr_retrieval_reward", "mappo_agent_temperature", "mappo_masked_scoring"}
+                "mappo_qr_retrieval_reward"}
     for key in (set(grpo_config) | set(ppo_config)) - GRPO_ONLY - ppo_only:
         assert grpo_config.get(key) == ppo_config.get(key), key
