@@ -14,7 +14,8 @@ import torch
 from mmoa import defaults
 from mmoa.agents.candidates import Candidate
 from mmoa.agents.parsers import parse_answer
-from mmoa.agents.pipeline import Trace
+from mmoa.agents.pipeline import AgentCall, Trace
+from mmoa.agents.prompts import selector_prompt
 from mmoa.data.records import QARecord
 from mmoa.train.mappo.agent_stats import (
     DRIFT_FLAGS_KEY,
@@ -23,6 +24,7 @@ from mmoa.train.mappo.agent_stats import (
     DriftRule,
     answer_words,
     candidate_gold_recall,
+    empty_selection_stats,
     selection_gold_stats,
     step_agent_stats,
 )
@@ -95,6 +97,25 @@ def test_step_means_leave_out_records_without_gold() -> None:
     assert step_agent_stats([record(None)], [trace(["p1"], [0])]) == {"answer_words": 1.0}
     with pytest.raises(ValueError, match="2 records for 1 traces"):
         step_agent_stats([record(None)] * 2, [trace(["p1"], [0])])
+
+
+def test_empty_selection_stats_average_the_selector_calls_that_recorded_them() -> None:
+    def with_selector(probability: float | None, greedy_stop: bool | None) -> Trace:
+        t = trace(["p1", "p2"], [0])
+        t.calls["selector"] = AgentCall("selector", selector_prompt("q", ["a", "b"]), [1], [2],
+                                        "Document0", opening_stop_probability=probability,
+                                        opening_greedy_stop=greedy_stop)
+        return t
+
+    # 0.1, 0.7 and 0.4 -> 0.4; greedy stops at one of three -> 1/3; a call without a mask
+    # (None) and a trace without a Selector call count in neither
+    traces = [with_selector(0.1, False), with_selector(0.7, True), with_selector(0.4, False),
+              with_selector(None, None), trace(["p1"], [0])]
+    stats = step_agent_stats([record(None)] * 5, traces)
+    assert stats["empty_selection_probability"] == pytest.approx(0.4)
+    assert stats["greedy_empty_rate"] == pytest.approx(1 / 3)
+    assert empty_selection_stats([trace(["p1"], [0])]) == {
+        "empty_selection_probability": None, "greedy_empty_rate": None}
 
 
 # -- per-agent KL and entropy (learner) ------------------------------------------------------------
@@ -171,9 +192,12 @@ def test_thresholds_come_from_the_defaults() -> None:
     assert by_key["candidate_gold_recall"].threshold == defaults.DRIFT_RECALL_DROP
     assert by_key["answer_words"].threshold == defaults.DRIFT_ANSWER_WORDS_RATIO == 2.0
     assert by_key["kl/selector"].threshold == defaults.DRIFT_NEGATIVE_KL == -0.1
+    assert by_key["empty_selection_probability"].threshold \
+        == defaults.DRIFT_EMPTY_SELECTION_RISE == 0.20
     assert {rule.key: rule.agent for rule in DRIFT_RULES} == {
         "num_selected": "selector", "selected_gold_recall": "selector",
         "candidate_gold_recall": "qr", "answer_words": "generator",
+        "empty_selection_probability": "selector",
         "kl/qr": "qr", "kl/selector": "selector", "kl/generator": "generator"}
 
 
@@ -191,6 +215,10 @@ def test_each_rule_at_its_threshold() -> None:
     assert not negative.crossed(0.0, -0.1) and negative.crossed(0.0, -0.11)
     assert negative.crossed(0.3, -0.63), "an absolute floor: the baseline does not matter"
     assert negative.describe() == "fell below -0.1"
+    empty = DriftRule("selector", "empty_selection_probability", "rise_over", 0.2)
+    assert not empty.crossed(0.014, 0.21) and empty.crossed(0.014, 0.26)  # 19.6 vs 24.6 points
+    assert not empty.crossed(0.5, 0.1), "a fall is no rise"
+    assert empty.describe() == "rose by more than 20 points"
 
 
 def test_the_monitor_warns_once_per_statistic_and_counts_flags_every_step() -> None:

@@ -151,3 +151,29 @@ def test_rendered_prompts_contain_the_text_and_end_with_the_assistant_header(tin
         assert prompt_ids == renderer.prompt_ids(prompt)
         assert tokenizer.decode(response_ids) == "**Ada**<|eot_id|>"
     assert tokenizer.convert_tokens_to_ids("<|eot_id|>") in renderer.stop_token_ids
+
+
+def test_the_processor_records_how_much_the_first_position_puts_on_selecting_nothing(
+        tiny) -> None:
+    """At the first response position the grammar allows the stop ids and the pieces of
+    ``Document`` (n tokens, s of them stop ids). Hand-computed: all at logit 0 but one stop id
+    at log 3, the stop mass is (3 + s - 1) / (3 + n - 1); one piece at logit 5 instead, it is
+    s / (e^5 + n - 1), and the greedy choice is that piece."""
+    _, tokenizer, renderer = tiny
+    width = 4
+    processor = SelectorLogitsProcessor(tokenizer, 5, width, renderer.stop_token_ids)
+    allowed = processor.allowed_tokens("")
+    stops = set(renderer.stop_token_ids)
+    n, s = len(set(allowed)), len(stops)
+    scores = torch.zeros(2, len(tokenizer))
+    first_stop = renderer.stop_token_ids[0]
+    scores[0, first_stop] = torch.log(torch.tensor(3.0))
+    pieces = [t for t in allowed if t not in stops]
+    scores[1, pieces[0]] = 5.0
+    processor(torch.zeros(2, width, dtype=torch.long), scores)
+    assert processor.opening_stop_probability[0] == pytest.approx((3 + s - 1) / (3 + n - 1))
+    assert processor.opening_stop_probability[1] == pytest.approx(s / (torch.e ** 5 + n - 1))
+    assert processor.opening_greedy_stop == [True, False]
+    # later positions leave the record of the first one as it was
+    processor(torch.zeros(2, width + 1, dtype=torch.long), torch.zeros(2, len(tokenizer)))
+    assert processor.opening_greedy_stop == [True, False]

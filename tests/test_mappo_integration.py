@@ -78,6 +78,7 @@ def test_three_steps_write_checkpoints_logs_and_plots(full_run: Path) -> None:
                 "time/retrieve", "time/score", "time/update",
                 # per agent: the tiny world's questions name their gold passages
                 "selected_gold_recall", "candidate_gold_recall", "answer_words", "drift_flags",
+                "empty_selection_probability", "greedy_empty_rate",
                 *(f"{stat}/{agent}" for stat in ("kl", "entropy")
                   for agent in ("qr", "selector", "generator"))):
         assert key in keys, key

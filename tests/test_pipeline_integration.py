@@ -98,6 +98,11 @@ def test_trace_prompts_are_the_one_prompt_definition(tiny_model_dir: Path,
             assert call.prompt == prompt
             sft_prompt_ids, _ = pipeline.renderer.sft_ids(prompt, call.response_text)
             assert call.prompt_ids == sft_prompt_ids
+        # the Selector's opening record: greedy, it stops at once exactly when it selects nothing
+        selector = trace.calls["selector"]
+        assert 0.0 <= selector.opening_stop_probability <= 1.0
+        assert selector.opening_greedy_stop == (selector.response_text == "")
+        assert trace.calls["qr"].opening_stop_probability is None
 
 
 def _behaviour_ratios(tiny_model_dir: Path, tiny_world_dir: Path, tiny_server_url: str,

@@ -116,6 +116,13 @@ class SelectorLogitsProcessor(LogitsProcessor):
         # same few texts ("", "Document", "Document0,", ...): each is checked against the
         # candidate tokens once per processor, not once per row and step.
         self._allowed_by_text: dict[str, list[int]] = {}
+        #: Per row of the batch, from the first generated position: the probability, over the
+        #: ids the grammar allows, that the response ends at once (an empty selection), and
+        #: whether that is the greedy choice. Recorded from the logits as this processor gets
+        #: them (transformers applies temperature and top-p after it), so it is the model's
+        #: own preference, whatever the sampling temperature; empty before the first call.
+        self.opening_stop_probability: list[float] = []
+        self.opening_greedy_stop: list[bool] = []
 
     def allowed_tokens(self, generated_text: str) -> list[int]:
         """Token ids that keep ``generated_text`` a valid selection prefix (+ stop ids if done)."""
@@ -164,4 +171,16 @@ class SelectorLogitsProcessor(LogitsProcessor):
                 mask[row] = 0.0
             else:
                 mask[row, allowed] = 0.0
-        return scores + mask
+        masked = scores + mask
+        if input_ids.shape[1] == self.prompt_length:  # every row at its first response token
+            self._record_opening(masked)
+        return masked
+
+    def _record_opening(self, masked: torch.Tensor) -> None:
+        """How much the first position's masked distribution puts on stopping (selecting
+        nothing). A Selector sampled at a low temperature can keep writing documents while
+        this mass grows, until the greedy Selector of evaluation selects nothing at all."""
+        stops = torch.tensor(sorted(self._stop_set), device=masked.device)
+        probabilities = torch.softmax(masked.float(), dim=-1)
+        self.opening_stop_probability = probabilities[:, stops].sum(dim=-1).tolist()
+        self.opening_greedy_stop = torch.isin(masked.argmax(dim=-1), stops).tolist()

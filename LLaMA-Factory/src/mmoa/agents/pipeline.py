@@ -115,6 +115,11 @@ class AgentCall:
     #: ``GenerationSettings.record_support`` is on and the agent decodes under a mask; else
     #: ``None`` (the whole vocabulary).
     support: list[list[int]] | None = None
+    #: Under the Selector's grammar: the probability, over the ids it allowed, that the
+    #: response ends at its first token (an empty selection), and whether the greedy choice
+    #: there is to stop (``SelectorLogitsProcessor.opening_stop_probability``); else ``None``.
+    opening_stop_probability: float | None = None
+    opening_greedy_stop: bool | None = None
 
 
 @dataclass
@@ -376,6 +381,8 @@ class RagPipeline:
                 torch.log_softmax(step.float(), dim=-1).gather(1, new_tokens[:, t: t + 1])[:, 0]
                 for t, step in enumerate(output.scores)], dim=1).tolist()
         stop_set = set(stop_ids)
+        opening = processor if isinstance(processor, SelectorLogitsProcessor) \
+            and processor.opening_stop_probability else None
         calls = []
         for row in range(len(prompts) * copies):
             prompt = prompts[row // copies]
@@ -395,5 +402,9 @@ class RagPipeline:
                 sampling_logprobs=sampled[row][: len(response)] if sampled is not None else None,
                 support=processor.support(response)
                 if processor is not None and settings.record_support else None,
+                opening_stop_probability=opening.opening_stop_probability[row]
+                if opening is not None else None,
+                opening_greedy_stop=opening.opening_greedy_stop[row]
+                if opening is not None else None,
             ))
         return calls

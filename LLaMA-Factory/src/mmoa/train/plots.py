@@ -56,8 +56,10 @@ def _per_agent(stat: str) -> tuple[Curve, ...]:
 AGENT_PANELS: tuple[Panel, ...] = (
     Panel("Selector", (Curve("num_selected", "documents chosen", "#ff7f0e"),
                        Curve("selected_gold_recall", "gold recall", "#d62728", True),
-                       Curve("selected_gold_precision", "gold precision", "#9467bd", True)),
-          "documents", "gold recall / precision", from_zero=True),
+                       Curve("selected_gold_precision", "gold precision", "#9467bd", True),
+                       Curve("empty_selection_probability", "P(select nothing)", "#7f7f7f",
+                             True)),
+          "documents", "gold recall / precision / P(none)", from_zero=True),
     Panel("Query Rewriter", (Curve("num_subquestions", "sub-questions", "#1f77b4"),
                              Curve("candidate_gold_recall", "candidate recall", "#d62728", True)),
           "sub-questions", "candidate recall", from_zero=True),

@@ -15,7 +15,12 @@ evaluation's ``S rec%`` / ``cand rec%`` columns mean the same thing:
   among the selected documents, and share of the selected documents that are gold;
 * ``candidate_gold_recall``: share of the gold passages among the K candidates the Query
   Rewriter's sub-questions retrieved;
-* ``answer_words``: the Generator's extracted answer, in words.
+* ``answer_words``: the Generator's extracted answer, in words;
+* ``empty_selection_probability`` / ``greedy_empty_rate``: the Selector's probability of
+  selecting nothing (stopping at its first token, under its grammar, before the sampling
+  temperature), and the share of its prompts on which the greedy Selector would: what a
+  Selector sampled at a low temperature hides until evaluation (from the rollout's
+  ``AgentCall.opening_stop_probability``; no gold needed).
 
 A record without gold passages is left out of a gold mean, a selection of no document out of
 the precision mean; a key no record of the step could give is not logged at all.
@@ -70,6 +75,17 @@ def answer_words(trace: Trace) -> int:
     return len(trace.answer.split())
 
 
+def empty_selection_stats(traces: Sequence[Trace]) -> dict[str, float | None]:
+    """``empty_selection_probability`` and ``greedy_empty_rate`` over the Selector calls that
+    recorded them (decoded under the grammar); ``None`` for both when none did."""
+    calls = [t.calls["selector"] for t in traces if "selector" in t.calls]
+    recorded = [c for c in calls if c.opening_stop_probability is not None]
+    return {
+        "empty_selection_probability": _mean(c.opening_stop_probability for c in recorded),
+        "greedy_empty_rate": _mean(float(bool(c.opening_greedy_stop)) for c in recorded),
+    }
+
+
 def _mean(values: Iterable[float | None]) -> float | None:
     kept = [float(v) for v in values if v is not None]
     return sum(kept) / len(kept) if kept else None
@@ -87,13 +103,14 @@ def step_agent_stats(records: Sequence[QARecord], traces: Sequence[Trace]) -> di
         "candidate_gold_recall": _mean(candidate_gold_recall(r, t)
                                        for r, t in zip(records, traces, strict=True)),
         "answer_words": _mean(answer_words(t) for t in traces),
+        **empty_selection_stats(traces),
     }
     return {key: value for key, value in means.items() if value is not None}
 
 
 # -- the drift monitor ---------------------------------------------------------------------------
 
-RuleKind = Literal["fraction_at_most", "drop_over", "ratio_at_least", "below"]
+RuleKind = Literal["fraction_at_most", "drop_over", "ratio_at_least", "below", "rise_over"]
 
 
 @dataclass(frozen=True)
@@ -103,7 +120,8 @@ class DriftRule:
     ``fraction_at_most``: ``now <= threshold * baseline`` (a count that collapses);
     ``drop_over``: ``baseline - now > threshold`` (a fraction that loses points);
     ``ratio_at_least``: ``now >= threshold * baseline`` (a length that grows); ``below``:
-    ``now < threshold`` whatever the baseline (a value that should never get there). The ratio
+    ``now < threshold`` whatever the baseline (a value that should never get there);
+    ``rise_over``: ``now - baseline > threshold`` (a probability that should stay low). The ratio
     rules need a positive baseline: half or double of nothing says nothing."""
 
     agent: str
@@ -114,6 +132,8 @@ class DriftRule:
     def crossed(self, baseline: float, now: float) -> bool:
         if self.kind == "below":
             return now < self.threshold
+        if self.kind == "rise_over":
+            return now - baseline > self.threshold
         if self.kind == "drop_over":
             return baseline - now > self.threshold
         if baseline <= 0:
@@ -125,6 +145,8 @@ class DriftRule:
     def describe(self) -> str:
         if self.kind == "below":
             return f"fell below {self.threshold:g}"
+        if self.kind == "rise_over":
+            return f"rose by more than {self.threshold * 100:g} points"
         if self.kind == "drop_over":
             return f"fell by more than {self.threshold * 100:g} points"
         if self.kind == "fraction_at_most":
@@ -138,6 +160,8 @@ DRIFT_RULES: tuple[DriftRule, ...] = (
     DriftRule("selector", "selected_gold_recall", "drop_over", defaults.DRIFT_RECALL_DROP),
     DriftRule("qr", "candidate_gold_recall", "drop_over", defaults.DRIFT_RECALL_DROP),
     DriftRule("generator", "answer_words", "ratio_at_least", defaults.DRIFT_ANSWER_WORDS_RATIO),
+    DriftRule("selector", "empty_selection_probability", "rise_over",
+              defaults.DRIFT_EMPTY_SELECTION_RISE),
     # a negative KL estimate: scored under another distribution than the sampled one
     *(DriftRule(agent, f"kl/{agent}", "below", defaults.DRIFT_NEGATIVE_KL)
       for agent in AGENTS),
