@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from mmoa.train.progress import RolloutStage
 
 
-
 def penalty_config(args: MappoArguments) -> PenaltyConfig:
     """The per-agent penalties of the run's ``mappo_qr_*`` / ``mappo_selector_*`` /
     ``mappo_generator_*`` keys."""
