@@ -67,6 +67,21 @@ def _config(args: argparse.Namespace, output: str) -> dict:
     return config
 
 
+def _caches(value: str) -> list[str]:
+    """``--generation_cache``: a comma-separated list of known caches."""
+    from mmoa.agents.generation_cache import check_generation_cache
+
+    caches = [c.strip() for c in value.split(",") if c.strip()]
+    try:
+        for cache in caches:
+            check_generation_cache(cache)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if not caches or len(set(caches)) != len(caches):
+        raise argparse.ArgumentTypeError(f"give distinct cache names, got {value!r}")
+    return caches
+
+
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -115,8 +130,12 @@ class PeakRSS:
         self._thread.join()
 
 
-def run_mappo_steps(args: argparse.Namespace) -> tuple[list[dict], list, object]:
-    """Runs the trainer's own step (``MappoTrainer._train_step``) and reads its phase timings."""
+def run_mappo_steps(args: argparse.Namespace
+                    ) -> tuple[dict[str, list[dict]], dict[str, float], object]:
+    """Runs the trainer's own step (``MappoTrainer._train_step``) and reads its phase timings:
+    for each KV cache of ``--generation_cache`` in turn, on one trainer (one model load), one
+    warm-up step (allocations, the first retrieval, the compilation of the static cache's
+    decoding on CUDA) and ``--steps`` measured steps, each followed by its baseline."""
     from mmoa.train.mappo.learner import PPOLearner
     from mmoa.train.mappo.workflow import build_mappo_trainer
 
@@ -133,40 +152,55 @@ def run_mappo_steps(args: argparse.Namespace) -> tuple[list[dict], list, object]
             return samples, logs
 
         trainer.make_samples = capture
-        logs, samples = [], []
+        runs: dict[str, list[dict]] = {}
+        warmups: dict[str, float] = {}
         peak = PeakRSS()
-        for step in range(args.steps + 1):  # step 0 warms up (allocations, first retrieval)
-            if torch.cuda.is_available():
-                torch.cuda.reset_peak_memory_stats()
-            with peak:
-                step_logs = trainer._train_step(step, learner)
-                _sync()
-            if step == 0:
-                continue
-            step_samples = captured[-1]
-            # The baseline runs right after, on the same samples, so both see the same machine.
-            baseline = None if args.skip_baseline else baseline_seconds(
-                trainer, [step_samples], trainer.ppo_config.ppo_epochs,
-                trainer.ppo_config.mini_batch_size)[0]
-            logs.append({"step": step_logs["time/step"], "generate": step_logs["time/generate"],
-                         "retrieve": step_logs["time/retrieve"],
-                         "rollout_other": step_logs["time/rollout"]
-                         - step_logs["time/generate"] - step_logs["time/retrieve"],
-                         "score": step_logs["time/score"], "update": step_logs["time/update"],
-                         "baseline": baseline,
-                         "tokens": sum(len(x.prompt_ids) + len(x.response_ids)
-                                       for x in step_samples),
-                         "response_tokens": sum(len(x.response_ids) for x in step_samples),
-                         "answer_f1": step_logs.get("answer_f1", float("nan")),
-                         "peak_rss_mb": peak.peak_mb, "peak_gpu_mb": _peak_gpu_mb()})
-            samples.append(step_samples)
+        step = 0
+        for cache in args.generation_cache:
+            trainer.mappo_args.mappo_generation_cache = cache  # read by each step's rollout
+            logs = runs[cache] = []
+            peak.peak_mb = 0.0
+            for measured in range(args.steps + 1):  # the first one warms up
+                if torch.cuda.is_available():
+                    torch.cuda.reset_peak_memory_stats()
+                with peak:
+                    step_logs = trainer._train_step(step, learner)
+                    _sync()
+                step += 1
+                if measured == 0:  # what the warm-up costs (the compilation, with static)
+                    warmups[cache] = step_logs["time/step"]
+                    continue
+                step_samples = captured[-1]
+                # The baseline runs right after, on the same samples, so both see the same
+                # machine, and generates with the same cache.
+                baseline = None if args.skip_baseline else baseline_seconds(
+                    trainer, [step_samples], trainer.ppo_config.ppo_epochs,
+                    trainer.ppo_config.mini_batch_size, cache)[0]
+                logs.append({
+                    "step": step_logs["time/step"], "generate": step_logs["time/generate"],
+                    "retrieve": step_logs["time/retrieve"],
+                    "rollout_other": step_logs["time/rollout"]
+                    - step_logs["time/generate"] - step_logs["time/retrieve"],
+                    "score": step_logs["time/score"], "update": step_logs["time/update"],
+                    "baseline": baseline,
+                    "tokens": sum(len(x.prompt_ids) + len(x.response_ids)
+                                  for x in step_samples),
+                    "response_tokens": sum(len(x.response_ids) for x in step_samples),
+                    "samples": len(step_samples),
+                    "answer_f1": step_logs.get("answer_f1", float("nan")),
+                    "peak_rss_mb": peak.peak_mb, "peak_gpu_mb": _peak_gpu_mb()})
+            # each cache's figures as soon as they are in (a run cut short still shows them)
+            print(json.dumps({"generation_cache": cache, "warmup_step_s": warmups[cache],
+                              **summarise(logs, args.skip_baseline)}), flush=True)
         peak.close()
-        return logs, samples, trainer
+        return runs, warmups, trainer
 
 
-def baseline_seconds(trainer, samples_per_step: list, ppo_epochs: int, mini_batch: int
-                     ) -> list[float]:
-    """Plain generate + ppo_epochs x forward/backward on the same tokens, per step."""
+def baseline_seconds(trainer, samples_per_step: list, ppo_epochs: int, mini_batch: int,
+                     cache: str = "dynamic") -> list[float]:
+    """Plain generate (with the KV cache ``cache``) + ppo_epochs x forward/backward on the
+    same tokens, per step."""
+    from mmoa.agents.generation_cache import cache_kwargs
     from mmoa.train.mappo.samples import collate, minibatches
 
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -191,7 +225,7 @@ def baseline_seconds(trainer, samples_per_step: list, ppo_epochs: int, mini_batc
                 device = next(policy.parameters()).device
                 policy.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                                 max_new_tokens=new, min_new_tokens=new, do_sample=True,
-                                pad_token_id=pad)
+                                pad_token_id=pad, **cache_kwargs(cache, device.type))
         policy.train()
         # Plain fwd/bwd as a naive loop writes it: the model's whole forward, logits over
         # every position, mini-batches padded to their longest row.
@@ -254,19 +288,21 @@ def main() -> None:
                         help="skip the reference-memory comparison")
     parser.add_argument("--skip_baseline", action="store_true",
                         help="time and memory of the MAPPO steps only (e.g. ppo vs grpo)")
+    parser.add_argument("--generation_cache", type=_caches, default=["dynamic"],
+                        help="KV cache(s) of the rollouts' generate calls, comma-separated "
+                             "(dynamic, static, auto), measured in turn on one trainer "
+                             "(default dynamic)")
     parser.add_argument("--json-out")
     args = parser.parse_args()
 
-    logs, samples, trainer = run_mappo_steps(args)
+    runs, warmups, trainer = run_mappo_steps(args)
     config = _config(args, "-")
     model_path = config["model_name_or_path"]
     memory = {} if args.skip_memory else reference_memory(model_path)
-    peaks = {k: max((log.pop(k) or 0.0) for log in logs) or None
-             for k in ("peak_rss_mb", "peak_gpu_mb")}
-    baselines = [log.pop("baseline") for log in logs]
-    mean = {k: sum(log[k] for log in logs) / len(logs) for k in logs[0]}
-    baseline = None if args.skip_baseline else sum(baselines) / len(baselines)
-    tokens = {k: mean.pop(k) for k in ("tokens", "response_tokens", "answer_f1")}
+    per_cache = {cache: {**summarise(logs, args.skip_baseline),
+                         "warmup_step_s": round(warmups[cache], 3)}
+                 for cache, logs in runs.items()}
+    first = per_cache[args.generation_cache[0]]
     result = {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "threads": torch.get_num_threads(),
@@ -274,33 +310,42 @@ def main() -> None:
         "algorithm": trainer.mappo_args.mappo_algorithm,
         "finetuning_type": config["finetuning_type"], "precision": args.precision,
         "questions_per_step": trainer.questions_per_step,
-        "samples_per_step": len(samples[0]), "ppo_epochs": trainer.ppo_config.ppo_epochs,
-        "mappo_step_s": round(mean["step"], 3),
-        "phases_s": {k: round(v, 3) for k, v in mean.items() if k != "step"},
-        "baseline_step_s": baseline and round(baseline, 3),
-        "overhead_ratio": baseline and round(mean["step"] / baseline, 3),
+        "ppo_epochs": trainer.ppo_config.ppo_epochs,
+        "measured_steps": args.steps,
         "target_overhead_ratio": 1.3,
-        "tokens_per_step": round(tokens["tokens"]), "response_tokens_per_step":
-            round(tokens["response_tokens"]), "rollout_answer_f1": round(tokens["answer_f1"], 4),
-        # highest over the warm-up and measured steps (the baseline excluded); process-wide
-        # resident memory on a CPU, allocated CUDA memory on a GPU
-        "peak_step_rss_mb": round(peaks["peak_rss_mb"], 1),
-        "peak_step_gpu_mb": peaks["peak_gpu_mb"] and round(peaks["peak_gpu_mb"], 1),
+        # the first cache's figures at the top level (the JSON's layout before caches were
+        # compared); every cache's under "generation_caches"
+        "generation_cache": args.generation_cache[0],
+        **first,
+        "generation_caches": per_cache,
         "memory": memory,
     }
+    if len(per_cache) > 1:
+        dynamic = per_cache.get("dynamic")
+        result["generate_speedup_vs_dynamic"] = {
+            cache: round(dynamic["phases_s"]["generate"] / figures["phases_s"]["generate"], 3)
+            for cache, figures in per_cache.items() if dynamic and cache != "dynamic"}
     print(json.dumps(result, indent=2))
     print()
-    print(f"{'phase':<16}{'seconds':>10}")
-    for key, value in result["phases_s"].items():
-        print(f"{key:<16}{value:>10.3f}")
-    print(f"{'MAPPO step':<16}{result['mappo_step_s']:>10.3f}")
-    if baseline:
-        print(f"{'baseline':<16}{result['baseline_step_s']:>10.3f}   "
-              "(generate + fwd/bwd, same tokens)")
-        print(f"{'overhead':<16}{result['overhead_ratio']:>10.3f}   (target <= 1.3)")
-    print(f"{'peak RSS (MB)':<16}{result['peak_step_rss_mb']:>10.1f}   (during the MAPPO steps)")
-    if result["peak_step_gpu_mb"]:
-        print(f"{'peak GPU (MB)':<16}{result['peak_step_gpu_mb']:>10.1f}")
+    caches = list(per_cache)
+    print(f"{'phase':<16}" + "".join(f"{c:>12}" for c in caches) + "   (seconds a step)")
+    for key in first["phases_s"]:
+        print(f"{key:<16}" + "".join(f"{per_cache[c]['phases_s'][key]:>12.3f}" for c in caches))
+    print(f"{'MAPPO step':<16}" + "".join(f"{per_cache[c]['mappo_step_s']:>12.3f}"
+                                          for c in caches))
+    print(f"{'warm-up step':<16}" + "".join(f"{per_cache[c]['warmup_step_s']:>12.3f}"
+                                            for c in caches) + "   (first step of each cache)")
+    if not args.skip_baseline:
+        print(f"{'baseline':<16}" + "".join(f"{per_cache[c]['baseline_step_s']:>12.3f}"
+                                            for c in caches)
+              + "   (generate + fwd/bwd, same tokens, same cache)")
+        print(f"{'overhead':<16}" + "".join(f"{per_cache[c]['overhead_ratio']:>12.3f}"
+                                            for c in caches) + "   (target <= 1.3)")
+    print(f"{'peak RSS (MB)':<16}" + "".join(f"{per_cache[c]['peak_step_rss_mb']:>12.1f}"
+                                             for c in caches) + "   (during the MAPPO steps)")
+    if first["peak_step_gpu_mb"]:
+        print(f"{'peak GPU (MB)':<16}" + "".join(
+            f"{per_cache[c]['peak_step_gpu_mb'] or 0:>12.1f}" for c in caches))
     if memory:
         print(f"reference memory: adapter-disabled {memory['adapter_disabled_reference_mb']} MB"
               f" vs separate copy {memory['separate_reference_copy_mb']} MB "
@@ -309,6 +354,31 @@ def main() -> None:
         from mmoa.fileio import atomic_write_json
 
         atomic_write_json(args.json_out, result)
+
+
+def summarise(logs: list[dict], skip_baseline: bool) -> dict:
+    """Mean phase seconds, baseline and overhead of one cache's measured steps."""
+    logs = [dict(log) for log in logs]
+    peaks = {k: max((log.pop(k) or 0.0) for log in logs) or None
+             for k in ("peak_rss_mb", "peak_gpu_mb")}
+    baselines = [log.pop("baseline") for log in logs]
+    mean = {k: sum(log[k] for log in logs) / len(logs) for k in logs[0]}
+    baseline = None if skip_baseline else sum(baselines) / len(baselines)
+    tokens = {k: mean.pop(k) for k in ("tokens", "response_tokens", "samples", "answer_f1")}
+    return {
+        "samples_per_step": round(tokens["samples"]),
+        "mappo_step_s": round(mean["step"], 3),
+        "phases_s": {k: round(v, 3) for k, v in mean.items() if k != "step"},
+        "baseline_step_s": baseline and round(baseline, 3),
+        "overhead_ratio": baseline and round(mean["step"] / baseline, 3),
+        "tokens_per_step": round(tokens["tokens"]),
+        "response_tokens_per_step": round(tokens["response_tokens"]),
+        "rollout_answer_f1": round(tokens["answer_f1"], 4),
+        # highest over the warm-up and measured steps (the baseline excluded); process-wide
+        # resident memory on a CPU, allocated CUDA memory on a GPU
+        "peak_step_rss_mb": round(peaks["peak_rss_mb"], 1),
+        "peak_step_gpu_mb": peaks["peak_gpu_mb"] and round(peaks["peak_gpu_mb"], 1),
+    }
 
 
 if __name__ == "__main__":

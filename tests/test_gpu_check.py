@@ -233,6 +233,13 @@ def test_dry_run_runs_every_stage_on_the_cpu(dry_run: dict) -> None:
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0, "the server was stopped"
     assert stages["mappo_ppo"]["slice_s"] > 0 and stages["toa"]["wall_s"] > 0
+    # the MAPPO step bench, with each KV cache in turn on one trainer (CPU: no compilation)
+    bench = stages["bench_mappo_step"]["details"]["mappo_step"]
+    assert set(bench["generation_caches"]) == {"dynamic", "static"}
+    for figures in bench["generation_caches"].values():
+        assert figures["mappo_step_s"] > 0 and figures["phases_s"]["generate"] > 0
+        assert figures["baseline_step_s"] > 0 and figures["samples_per_step"] == 6
+    assert bench["generate_speedup_vs_dynamic"]["static"] > 0
     # what comes back from the device: three files, the logs in one archive
     assert sorted(p.name for p in dry_run["out"].iterdir()) == [
         "gpu_check_logs.tar.gz", "gpu_check_summary.json", "machine_pip_freeze.txt"]

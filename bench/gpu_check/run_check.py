@@ -86,6 +86,11 @@ class Scale:
     eval_questions: int
     eval_tokens: tuple[int, int, int]
     eval_search: tuple[str, ...] = ("--search_top_k", "3")
+    #: ``bench/mappo_step.py`` with each KV cache: measured steps after one warm-up, and the
+    #: questions a step (None: the config's)
+    bench_steps: int = 2
+    bench_questions: int | None = None
+    bench_options: tuple[str, ...] = ()
     eval_decision: tuple[str, ...] = ("--decision_top_k", "3")
 
 
@@ -105,17 +110,19 @@ GPU_SCALE = Scale(
     eval_questions=20, eval_tokens=(48, 24, 16),
 )
 #: SmolLM2-135M's architecture (30 layers, random weights: every turn runs to its token budget):
-#: the demo configs' batch sizes, fewer steps and turns, so that the run fits about 7 minutes.
+#: the demo configs' batch sizes, fewer steps, turns and questions, so that the run and the step
+#: bench fit about 9 minutes.
 SMOLLM2_SCALE = replace(
     GPU_SCALE,
     ppo=("max_steps=2", "logging_steps=1", *NO_CHECKPOINTS),
-    search=("max_steps=2", "logging_steps=1", *NO_CHECKPOINTS, "mappo_questions_per_rollout=2",
+    grpo=("max_steps=1", "logging_steps=1", *NO_CHECKPOINTS),
+    search=("max_steps=1", "logging_steps=1", *NO_CHECKPOINTS, "mappo_questions_per_rollout=2",
             "mappo_rollout_batch_size=8", "mappo_search_max_turns=2"),
-    decision=("max_steps=2", "logging_steps=1", "dataset=demo_mappo", *NO_CHECKPOINTS,
+    decision=("max_steps=1", "logging_steps=1", "dataset=demo_mappo", *NO_CHECKPOINTS,
               "mappo_questions_per_rollout=2", "mappo_rollout_batch_size=8"),
-    toa_questions=2,
+    toa_questions=1, eval_questions=10, bench_steps=2,
 )
-DEFAULT_DEADLINE_S = {("cuda", "tiny"): 360.0, ("cuda", "smollm2"): 420.0,
+DEFAULT_DEADLINE_S = {("cuda", "tiny"): 420.0, ("cuda", "smollm2"): 540.0,
                       ("cpu", "tiny"): 900.0, ("cpu", "smollm2"): 1800.0}
 #: The CPU dry run: one step of everything, one or two questions, a few tokens.
 DRY_SCALE = Scale(
@@ -146,6 +153,7 @@ DRY_SCALE = Scale(
                  "8"),
     eval_decision=("--decision_top_k", "3", "--decision_max_searches", "1",
                    "--max_new_tokens_decision", "8"),
+    bench_steps=1, bench_questions=2, bench_options=("--ppo_epochs", "1"),
 )
 
 
@@ -446,6 +454,34 @@ def eval_cmd(mode: str):
     return command
 
 
+#: The KV caches the step bench compares (:mod:`mmoa.agents.generation_cache`).
+BENCH_CACHES = "dynamic,static"
+
+
+def bench_step_cmd(run: Run) -> tuple[list[str], str]:
+    """``bench/mappo_step.py`` on the SFT model: the demo's MAPPO step with each KV cache, its
+    phases and the plain generate + forward/backward baseline on the same tokens."""
+    model, note = run.trained_or_base("sft")
+    questions = () if run.scale.bench_questions is None else \
+        ("--questions", run.scale.bench_questions)
+    return python_cmd(
+        "bench/mappo_step.py", "--config", run.config("ppo"), "--model", model,
+        "--dataset_dir", run.data, "--retriever_url", run.url,
+        "--precision", "bf16" if run.precision == "bf16" else "fp32",
+        "--steps", run.scale.bench_steps, *questions, *run.scale.bench_options,
+        "--generation_cache", BENCH_CACHES, "--skip_memory",
+        "--json-out", run.work / "bench_mappo_step.json"), note
+
+
+def bench_step_details(run: Run, result: StageResult) -> None:
+    figures = read_json(run.work / "bench_mappo_step.json")
+    if isinstance(figures, dict):
+        result.details["mappo_step"] = {
+            k: figures.get(k) for k in ("device", "precision", "questions_per_step",
+                                        "measured_steps", "generation_caches",
+                                        "generate_speedup_vs_dynamic")}
+
+
 def train_log_details(folder: str):
     def after(run: Run, result: StageResult) -> None:
         path = run.saves(folder) / "trainer_log.jsonl"
@@ -498,6 +534,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("mappo_data", 1, False, ("world",), mappo_data_cmd),
     Stage("mappo_ppo", 10, True, ("mappo_data", "server"),
           rl_cmd("ppo", "mappo_ppo", lambda s: s.ppo), train_log_details("mappo_ppo")),
+    Stage("bench_mappo_step", 10, True, ("mappo_data", "server"), bench_step_cmd,
+          bench_step_details),
     Stage("mappo_grpo", 9, True, ("mappo_data", "server"),
           rl_cmd("grpo", "mappo_grpo", lambda s: s.grpo), train_log_details("mappo_grpo")),
     Stage("search_agent", 9, True, ("mappo_data", "server"),
@@ -971,8 +1009,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         help="tiny (default: the 4M test model) or smollm2 (SmolLM2-135M's "
                         "architecture); random weights either way")
     parser.add_argument("--deadline", type=float, default=None,
-                        help="seconds for everything from start to summary (default: 360 "
-                        "for tiny, 420 for smollm2 on cuda; 900 for the dry run)")
+                        help="seconds for everything from start to summary (default: 420 "
+                        "for tiny, 540 for smollm2 on cuda; 900 for the dry run)")
     parser.add_argument("--precision", choices=("auto", "bf16", "fp32"), default=None,
                         help="default auto on cuda (bf16 there), fp32 on cpu")
     parser.add_argument("--install", choices=("auto", "yes", "no"), default="auto",

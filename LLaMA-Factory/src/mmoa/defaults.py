@@ -16,6 +16,11 @@ from types import MappingProxyType
 #: the Selector (its 29 fit "Document0,...,Document9" in the original tokenizer, not in every one).
 MAX_NEW_TOKENS = MappingProxyType({"qr": 100, "selector": 32, "generator": 100})
 
+#: The KV cache of the agents' ``generate`` calls (:mod:`mmoa.agents.generation_cache`):
+#: ``dynamic`` (transformers' default, every figure so far), ``static`` (compiled decoding on
+#: CUDA) or ``auto`` (static on CUDA, dynamic elsewhere).
+GENERATION_CACHE = "dynamic"
+
 # Rollout sampling (evaluation is greedy).
 ROLLOUT_TEMPERATURE = 0.95
 ROLLOUT_TOP_P = 0.9

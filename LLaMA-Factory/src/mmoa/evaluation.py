@@ -41,6 +41,7 @@ from pathlib import Path
 from statistics import fmean, stdev
 from typing import Any
 
+from mmoa.agents.generation_cache import check_generation_cache, resolve_generation_cache
 from mmoa.agents.modes import ORACLE_MODES
 from mmoa.data.loaders import AMBIGQA_ANSWER_SETS, DEFAULT_AMBIGQA_ANSWERS
 from mmoa.data.records import QARecord
@@ -49,6 +50,7 @@ from mmoa.defaults import (
     DECISION_MAX_NEW_TOKENS,
     DECISION_MAX_SEARCHES,
     DECISION_TOP_K,
+    GENERATION_CACHE,
     MAX_NEW_TOKENS,
     ROLLOUT_TEMPERATURE,
     ROLLOUT_TOP_P,
@@ -136,6 +138,9 @@ class EvalConfig:
     #: ``auto`` (bf16 autocast where the hardware has bf16, see :mod:`mmoa.precision`), ``bf16``
     #: or ``fp32``.
     precision: str = "auto"
+    #: The KV cache of the ``generate`` calls: ``dynamic``, ``static`` (compiled decoding on
+    #: CUDA) or ``auto`` (:mod:`mmoa.agents.generation_cache`).
+    generation_cache: str = GENERATION_CACHE
     #: Sampled instead of greedy decoding, with the RL rollouts' defaults: what a policy does as
     #: it is trained (greedy decoding can hide a shift of probability mass that sampling shows).
     #: ``seed`` makes a sampled run repeatable.
@@ -150,6 +155,7 @@ class EvalConfig:
     def validate(self) -> None:
         pipeline_for_mode(self.mode)  # "mode must be one of ...": the registered modes
         check_precision_name(self.precision)
+        check_generation_cache(self.generation_cache)
         get_profile(self.scoring)
         if self.ambigqa_answers not in AMBIGQA_ANSWER_SETS:
             raise ValueError(f"ambigqa_answers must be one of {', '.join(AMBIGQA_ANSWER_SETS)}, "
@@ -372,7 +378,8 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
         do_sample=config.do_sample, temperature=config.temperature, top_p=config.top_p,
         max_new_tokens={"qr": config.max_new_tokens_qr,
                         "selector": config.max_new_tokens_selector,
-                        "generator": config.max_new_tokens_generator})
+                        "generator": config.max_new_tokens_generator},
+        cache=config.generation_cache)
     if config.do_sample:
         from transformers import set_seed
 
@@ -402,7 +409,9 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
     metrics["seconds"] = {"total": total, **timings}
     metrics["seconds_per_question"] = total / len(rows) if rows else None
     weights = str(next(model.parameters()).dtype).removeprefix("torch.")
-    metrics["config"] = {**asdict(config), "precision": precision, "weights_dtype": weights}
+    metrics["config"] = {**asdict(config), "precision": precision, "weights_dtype": weights,
+                         "generation_cache_used": resolve_generation_cache(
+                             config.generation_cache, device_type)}
     out = Path(config.output_dir)
     atomic_write_jsonl(out / PREDICTIONS_FILE, rows)
     atomic_write_json(out / METRICS_FILE, metrics)

@@ -36,6 +36,7 @@ import torch
 from mmoa.agent_adapters import use_agent
 from mmoa.agents.candidates import Candidate, merge_candidates
 from mmoa.agents.constrained import SelectorLogitsProcessor
+from mmoa.agents.generation_cache import cache_kwargs
 from mmoa.agents.modes import MODES, ORACLE_MODES, Mode, OracleMode
 from mmoa.agents.parsers import (
     AnswerParse,
@@ -53,7 +54,13 @@ from mmoa.agents.prompts import (
     selector_prompt,
 )
 from mmoa.agents.render import PromptRenderer
-from mmoa.defaults import MAX_NEW_TOKENS, QR_MAX_SUBQUESTIONS, ROLLOUT_TEMPERATURE, ROLLOUT_TOP_P
+from mmoa.defaults import (
+    GENERATION_CACHE,
+    MAX_NEW_TOKENS,
+    QR_MAX_SUBQUESTIONS,
+    ROLLOUT_TEMPERATURE,
+    ROLLOUT_TOP_P,
+)
 
 if TYPE_CHECKING:
     from transformers import LogitsProcessor, PreTrainedModel, PreTrainedTokenizerBase
@@ -93,6 +100,9 @@ class GenerationSettings:
     #: ids the mask allowed there: ``AgentCall.support``. MAPPO's ``mappo_masked_scoring``
     #: scores those tokens over that support.
     record_support: bool = False
+    #: The KV cache decoding uses: ``dynamic``, ``static`` (compiled decoding on CUDA) or
+    #: ``auto`` (:mod:`mmoa.agents.generation_cache`).
+    cache: str = GENERATION_CACHE
 
     def temperature_for(self, agent: str) -> float:
         """The temperature ``agent`` samples at."""
@@ -355,6 +365,7 @@ class RagPipeline:
             "eos_token_id": stop_ids,
             "pad_token_id": pad_id,
             "use_cache": True,
+            **cache_kwargs(settings.cache, device.type),
         }
         if settings.do_sample:
             kwargs.update(do_sample=True, temperature=settings.temperature_for(agent),

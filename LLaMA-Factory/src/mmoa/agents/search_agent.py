@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mmoa.agents.generation_cache import cache_kwargs
 from mmoa.agents.pipeline import DocumentRetriever, GenerationSettings
 from mmoa.agents.prompts import ChatMessages
 from mmoa.agents.render import PromptRenderer
@@ -336,6 +337,7 @@ class SearchAgentPipeline:
         kwargs: dict[str, Any] = {
             "max_new_tokens": self.max_new_tokens, "eos_token_id": self.stop_ids,
             "pad_token_id": pad_id, "use_cache": True,
+            **cache_kwargs(self.settings.cache, device.type),
         }
         if self.STOP_STRINGS:
             kwargs.update(stop_strings=list(self.STOP_STRINGS), tokenizer=self.tokenizer)

@@ -31,6 +31,7 @@ _OWN_DEFAULT = {"show_default": False, "default": FIELD_DEFAULT}
 def eval_options() -> Mapping[str, Option]:
     """The command line of each ``EvalConfig`` field (the choices come from the light modules
     that define them, read when the parser is built)."""
+    from mmoa.agents.generation_cache import GENERATION_CACHES
     from mmoa.evaluation import DECISION_POLICIES, EVAL_MODES
     from mmoa.metrics import SCORING_PROFILES
     from mmoa.precision import PRECISION_CHOICES
@@ -74,6 +75,10 @@ def eval_options() -> Mapping[str, Option]:
         "ambigqa_answers": Option(AMBIGQA_HELP, choices=_ambigqa_sets(), **_OWN_DEFAULT),
         "precision": Option("auto (default): bf16 autocast where the GPU or CPU computes bf16 "
                             "natively, else fp32", choices=PRECISION_CHOICES, **_OWN_DEFAULT),
+        "generation_cache": Option(
+            "KV cache of the generate calls: dynamic (default), static (compiled decoding on "
+            "CUDA) or auto (static on CUDA, dynamic elsewhere)", choices=GENERATION_CACHES,
+            **_OWN_DEFAULT),
         "decision_policy": Option(
             "mode decision_agent: model (default: the model decides), always (baseline: search "
             "once with the question, then answer) or never (baseline: answer closed book)",

@@ -58,7 +58,7 @@ def decision_pipeline(policy: Any, tokenizer: Any, renderer: PromptRenderer,
     from mmoa.agents.pipeline import GenerationSettings
 
     settings = GenerationSettings(do_sample=True, temperature=args.mappo_temperature,
-                                  top_p=args.mappo_top_p)
+                                  top_p=args.mappo_top_p, cache=args.mappo_generation_cache)
     return DecisionAgentPipeline(
         policy, tokenizer, renderer, retriever, max_searches=args.mappo_decision_max_searches,
         top_k=args.mappo_decision_top_k, max_new_tokens=args.mappo_max_new_tokens_decision,

@@ -105,6 +105,7 @@ class QrSGPipeline:
             record_logprobs=args.mappo_log_behaviour_ratio,
             record_support=args.mappo_masked_scoring,
             max_subquestions=args.mappo_qr_max_subquestions,
+            cache=args.mappo_generation_cache,
         )
         # One run for the whole step: generate calls of at most mappo_rollout_batch_size
         # pipelines each, and ONE retrieval call for every sub-question of the step.

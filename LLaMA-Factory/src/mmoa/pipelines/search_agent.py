@@ -54,7 +54,7 @@ def search_pipeline(policy: Any, tokenizer: Any, renderer: PromptRenderer,
     from mmoa.agents.search_agent import SearchAgentPipeline
 
     settings = GenerationSettings(do_sample=True, temperature=args.mappo_temperature,
-                                  top_p=args.mappo_top_p)
+                                  top_p=args.mappo_top_p, cache=args.mappo_generation_cache)
     return SearchAgentPipeline(
         policy, tokenizer, renderer, retriever, max_turns=args.mappo_search_max_turns,
         max_queries=args.mappo_search_max_queries, top_k=args.mappo_search_top_k,

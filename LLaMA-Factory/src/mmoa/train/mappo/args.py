@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from mmoa import defaults
+from mmoa.agents.generation_cache import GENERATION_CACHES
 from mmoa.agents.prompts import AGENTS
 from mmoa.config_values import typed_fields, typed_value
 from mmoa.pipelines import Pipeline, get_pipeline, pipeline_names
@@ -241,6 +242,12 @@ class MappoArguments:
                           "each rollout token (costs the scores of every generation step)."},
     )
 
+    mappo_generation_cache: str = field(
+        default=defaults.GENERATION_CACHE,
+        metadata={"help": "KV cache of the rollouts' generate calls: dynamic, static (compiled "
+                          "decoding on CUDA) or auto (static on CUDA, dynamic elsewhere)."},
+    )
+
     # rewards and penalties
     mappo_reward_metric: str = field(default="f1", metadata={"help": "f1, em or acc."})
     mappo_scoring: str = field(
@@ -356,7 +363,8 @@ class MappoArguments:
                               ("mappo_grpo_filter", GRPO_FILTERS),
                               ("mappo_loss_averaging", LOSS_AVERAGING),
                               ("mappo_kl_reward", KL_SHAPES),
-                              ("mappo_kl_estimator", KL_KINDS)):
+                              ("mappo_kl_estimator", KL_KINDS),
+                              ("mappo_generation_cache", GENERATION_CACHES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
                                  f"{getattr(self, name)!r}")
