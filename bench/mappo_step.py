@@ -205,11 +205,15 @@ def baseline_seconds(trainer, samples_per_step: list, ppo_epochs: int, mini_batc
 
     model = trainer.accelerator.unwrap_model(trainer.model)
     policy = model.policy
+    # generates with the weights the trainer's rollouts use (its copy in the compute dtype,
+    # where it makes one), and trains the policy itself
+    rollout_policy = trainer.rollout_policy(policy)
     pad = trainer._pad_id()
     out = []
     for samples in samples_per_step:
         start = time.perf_counter()
         policy.eval()
+        rollout_policy.eval()
         with trainer.accelerator.autocast(), torch.no_grad():
             for agent in ("qr", "selector", "generator"):
                 group = [s for s in samples if s.agent == agent]
@@ -222,10 +226,11 @@ def baseline_seconds(trainer, samples_per_step: list, ppo_epochs: int, mini_batc
                 for row, s in enumerate(group):
                     ids[row, width - len(s.prompt_ids):] = torch.tensor(s.prompt_ids)
                     mask[row, width - len(s.prompt_ids):] = 1
-                device = next(policy.parameters()).device
-                policy.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                max_new_tokens=new, min_new_tokens=new, do_sample=True,
-                                pad_token_id=pad, **cache_kwargs(cache, device.type))
+                device = next(rollout_policy.parameters()).device
+                rollout_policy.generate(
+                    input_ids=ids.to(device), attention_mask=mask.to(device),
+                    max_new_tokens=new, min_new_tokens=new, do_sample=True, pad_token_id=pad,
+                    **cache_kwargs(cache, rollout_policy))
         policy.train()
         # Plain fwd/bwd as a naive loop writes it: the model's whole forward, logits over
         # every position, mini-batches padded to their longest row.

@@ -30,6 +30,12 @@ import run_check  # noqa: E402
 DRY_STAGES = [s for s in run_check.STAGE_NAMES if s not in ("eval_g", "eval_s_g", "eval_qr_g")]
 
 
+def test_the_step_benchmark_runs_only_when_asked_for() -> None:
+    assert "bench_mappo_step" in run_check.STAGE_NAMES
+    assert "bench_mappo_step" not in run_check.DEFAULT_STAGES
+    assert set(run_check.DEFAULT_STAGES) == set(run_check.STAGE_NAMES) - {"bench_mappo_step"}
+
+
 # --------------------------------------------------------------------------------------------
 # pack.py: which distributions, how big
 

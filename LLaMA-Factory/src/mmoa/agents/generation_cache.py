@@ -27,7 +27,7 @@ from mmoa.defaults import GENERATION_CACHE
 GENERATION_CACHES: tuple[str, ...] = ("auto", "dynamic", "static")
 
 __all__ = ["GENERATION_CACHE", "GENERATION_CACHES", "cache_kwargs", "check_generation_cache",
-           "resolve_generation_cache"]
+           "resolve_generation_cache", "weights_in_compute_dtype"]
 
 
 def check_generation_cache(cache: str) -> None:
@@ -46,10 +46,40 @@ def resolve_generation_cache(cache: str, device_type: str) -> str:
     return cache
 
 
-def cache_kwargs(cache: str, device_type: str) -> dict[str, Any]:
-    """The ``generate`` keyword arguments of ``cache`` on ``device_type``: none for the dynamic
-    cache (transformers' default), ``cache_implementation="static"`` for the static one (which
-    makes transformers compile the decoding step on CUDA)."""
-    if resolve_generation_cache(cache, device_type) == "static":
-        return {"cache_implementation": "static"}
-    return {}
+def weights_in_compute_dtype(model: Any) -> bool:
+    """Whether ``model`` computes in its weights' dtype: no autocast on its device, or an
+    autocast to the dtype of its input embeddings (the dtype of the residual stream).
+
+    A static cache holds one dtype, set by the first keys it receives. Under bf16 autocast over
+    fp32 weights the keys come out of the rotary embedding in fp32 (its cos/sin take the fp32
+    hidden states' dtype) and the values out of ``v_proj`` in bf16, so the cache refuses the
+    values (``index_copy_(): ... Float and BFloat16``, seen on an H200 and on a CPU in the MAPPO
+    trainer); the dynamic cache stores each as it comes."""
+    import torch
+
+    device_type = next(model.parameters()).device.type
+    if not torch.is_autocast_enabled(device_type):
+        return True
+    return model.get_input_embeddings().weight.dtype == torch.get_autocast_dtype(device_type)
+
+
+def cache_kwargs(cache: str, model: Any) -> dict[str, Any]:
+    """The ``generate`` keyword arguments of ``cache`` for ``model`` where it is about to
+    generate (its device, the autocast in force): none for the dynamic cache (transformers'
+    default), ``cache_implementation="static"`` for the static one (which makes transformers
+    compile the decoding step on CUDA). ``auto`` is the static cache only where it works (on
+    CUDA, weights in the compute dtype); an explicit ``static`` where it cannot work raises
+    ``ValueError``."""
+    device_type = next(model.parameters()).device.type
+    if resolve_generation_cache(cache, device_type) != "static":
+        return {}
+    if not weights_in_compute_dtype(model):
+        if cache == "auto":
+            return {}
+        raise ValueError(
+            "generation cache static needs the weights in the compute dtype, but this model "
+            "holds them in another and generates under autocast (bf16 over fp32 weights): "
+            "load it in bf16 (evaluation on a GPU does), or use the dynamic cache. MAPPO's "
+            "rollouts generate with a bf16 copy of the policy in that case "
+            "(mmoa.train.mappo.rollout_weights)")
+    return {"cache_implementation": "static"}

@@ -365,7 +365,7 @@ class RagPipeline:
             "eos_token_id": stop_ids,
             "pad_token_id": pad_id,
             "use_cache": True,
-            **cache_kwargs(settings.cache, device.type),
+            **cache_kwargs(settings.cache, self.model),
         }
         if settings.do_sample:
             kwargs.update(do_sample=True, temperature=settings.temperature_for(agent),

@@ -337,7 +337,7 @@ class SearchAgentPipeline:
         kwargs: dict[str, Any] = {
             "max_new_tokens": self.max_new_tokens, "eos_token_id": self.stop_ids,
             "pad_token_id": pad_id, "use_cache": True,
-            **cache_kwargs(self.settings.cache, device.type),
+            **cache_kwargs(self.settings.cache, self.model),
         }
         if self.STOP_STRINGS:
             kwargs.update(stop_strings=list(self.STOP_STRINGS), tokenizer=self.tokenizer)

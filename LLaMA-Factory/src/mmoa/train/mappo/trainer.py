@@ -92,6 +92,7 @@ from mmoa.train.mappo.learner import (
     rollout_diagnostics,
 )
 from mmoa.train.mappo.log import in_web_ui, mappo_logger, step_summary
+from mmoa.train.mappo.rollout_weights import RolloutWeights, rollout_weights_dtype
 from mmoa.train.mappo.samples import Sample
 from mmoa.train.progress import (
     FAILED,
@@ -231,6 +232,9 @@ class MappoTrainer(Trainer):
         #: The step the last checkpoint of this run holds: the last step can ask for one
         #: several times (save_steps, the end of training, a stop signal).
         self._saved_step: int | None = None
+        #: The model the rollouts generate with (:mod:`.rollout_weights`): made at the first
+        #: rollout, refreshed from the policy before each one.
+        self._rollout_weights: RolloutWeights | None = None
 
     # -- data order ----------------------------------------------------------------------------
 
@@ -267,8 +271,22 @@ class MappoTrainer(Trainer):
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as unwrapped:
             return self._rollout(unwrapped.policy, records)
 
+    def rollout_policy(self, policy: Any) -> Any:
+        """The model a rollout generates with: ``policy`` itself, or its copy in the compute
+        dtype, up to date with its weights (:mod:`.rollout_weights`: on a GPU under bf16
+        autocast, or for the static KV cache)."""
+        autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(
+            str(self.accelerator.mixed_precision))
+        dtype = None if self.zero_stage() == 3 else rollout_weights_dtype(
+            policy.get_input_embeddings().weight.dtype, autocast,
+            next(policy.parameters()).device.type, self.mappo_args.mappo_generation_cache)
+        if self._rollout_weights is None or self._rollout_weights.dtype != dtype:
+            self._rollout_weights = RolloutWeights(dtype)
+        return self._rollout_weights.policy_for_rollout(policy)
+
     def _rollout(self, policy: Any, records: Sequence[QARecord]) -> tuple[list[Any], Timings]:
         policy.eval()
+        policy = self.rollout_policy(policy)
         pipeline = self.mappo_args.pipeline
         if self._progress is not None:
             # progress and the stop request between generate calls, for every pipeline alike
