@@ -325,11 +325,12 @@ def main() -> None:
         "generation_caches": per_cache,
         "memory": memory,
     }
-    if len(per_cache) > 1:
-        dynamic = per_cache.get("dynamic")
+    if len(per_cache) > 1 and "dynamic" in per_cache:
+        # per response token: the caches' steps sample different answers, of other lengths
         result["generate_speedup_vs_dynamic"] = {
-            cache: round(dynamic["phases_s"]["generate"] / figures["phases_s"]["generate"], 3)
-            for cache, figures in per_cache.items() if dynamic and cache != "dynamic"}
+            cache: round(_generate_per_token(per_cache["dynamic"]) / _generate_per_token(figures),
+                         3)
+            for cache, figures in per_cache.items() if cache != "dynamic"}
     print(json.dumps(result, indent=2))
     print()
     caches = list(per_cache)
@@ -359,6 +360,11 @@ def main() -> None:
         from mmoa.fileio import atomic_write_json
 
         atomic_write_json(args.json_out, result)
+
+
+def _generate_per_token(figures: dict) -> float:
+    """Generation seconds per response token of a step."""
+    return figures["phases_s"]["generate"] / max(figures["response_tokens_per_step"], 1)
 
 
 def summarise(logs: list[dict], skip_baseline: bool) -> dict:
