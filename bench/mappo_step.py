@@ -39,7 +39,9 @@ def _config(args: argparse.Namespace, output: str) -> dict:
     config = yaml.safe_load((ROOT / args.config).read_text())
     config.update({
         "output_dir": output, "overwrite_output_dir": True, "report_to": "none",
-        "max_steps": args.steps + 1, "save_steps": 0, "logging_steps": 1, "plot_loss": False,
+        # one warm-up and --steps measured steps per cache, on one trainer
+        "max_steps": (args.steps + 1) * len(args.generation_cache), "save_steps": 0,
+        "logging_steps": 1, "plot_loss": False,
         "mappo_retriever_url": args.retriever_url, "dataset_dir": args.dataset_dir,
     })
     if args.model:
@@ -52,6 +54,9 @@ def _config(args: argparse.Namespace, output: str) -> dict:
     for key in ("ppo_epochs", "learning_rate"):
         if getattr(args, key) is not None:
             config[key] = getattr(args, key)
+    for override in args.set:  # --set key=value: any other key of the config
+        key, _, value = override.partition("=")
+        config[key] = yaml.safe_load(value)
     if args.questions:
         # one generate call per agent for the whole step, as in the demo configs; under grpo
         # a question's group counts mappo_group_size pipelines (rows)
@@ -297,6 +302,9 @@ def main() -> None:
                         help="KV cache(s) of the rollouts' generate calls, comma-separated "
                              "(dynamic, static, auto), measured in turn on one trainer "
                              "(default dynamic)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one more key of the config (repeatable), e.g. "
+                             "mappo_max_new_tokens_qr=8")
     parser.add_argument("--json-out")
     args = parser.parse_args()
 

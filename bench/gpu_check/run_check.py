@@ -153,7 +153,9 @@ DRY_SCALE = Scale(
                  "8"),
     eval_decision=("--decision_top_k", "3", "--decision_max_searches", "1",
                    "--max_new_tokens_decision", "8"),
-    bench_steps=1, bench_questions=2, bench_options=("--ppo_epochs", "1"),
+    bench_steps=1, bench_questions=2,
+    bench_options=("--ppo_epochs", "1", "--set", "mappo_max_new_tokens_qr=8", "--set",
+                   "mappo_max_new_tokens_selector=6", "--set", "mappo_max_new_tokens_generator=6"),
 )
 
 
