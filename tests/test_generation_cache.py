@@ -25,10 +25,12 @@ def test_auto_is_static_on_cuda_and_dynamic_elsewhere() -> None:
 
 
 def test_generate_kwargs_name_the_static_cache_only_when_it_is_used() -> None:
-    assert cache_kwargs("static", "cpu") == {"cache_implementation": "static"}
-    assert cache_kwargs("auto", "cuda") == {"cache_implementation": "static"}
-    assert cache_kwargs("auto", "cpu") == {}
-    assert cache_kwargs("dynamic", "cuda") == {}
+    from tests.mappo_fixtures import tiny_policy
+
+    model = tiny_policy(0)  # on the CPU: auto is the dynamic cache there
+    assert cache_kwargs("static", model) == {"cache_implementation": "static"}
+    assert cache_kwargs("auto", model) == {}
+    assert cache_kwargs("dynamic", model) == {}
 
 
 def test_unknown_cache_names_are_refused_everywhere() -> None:
