@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from mmoa.defaults import GENERATION_CACHE
+from mmoa.precision import device_type_of
 
 GENERATION_CACHES: tuple[str, ...] = ("auto", "dynamic", "static")
 
@@ -57,7 +58,7 @@ def weights_in_compute_dtype(model: Any) -> bool:
     trainer); the dynamic cache stores each as it comes."""
     import torch
 
-    device_type = next(model.parameters()).device.type
+    device_type = device_type_of(model)
     if not torch.is_autocast_enabled(device_type):
         return True
     return model.get_input_embeddings().weight.dtype == torch.get_autocast_dtype(device_type)
@@ -70,7 +71,7 @@ def cache_kwargs(cache: str, model: Any) -> dict[str, Any]:
     compile the decoding step on CUDA). ``auto`` is the static cache only where it works (on
     CUDA, weights in the compute dtype); an explicit ``static`` where it cannot work raises
     ``ValueError``."""
-    device_type = next(model.parameters()).device.type
+    device_type = device_type_of(model)
     if resolve_generation_cache(cache, device_type) != "static":
         return {}
     if not weights_in_compute_dtype(model):

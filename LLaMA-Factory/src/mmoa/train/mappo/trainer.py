@@ -75,6 +75,7 @@ from mmoa.agents.render import PromptRenderer
 from mmoa.data.records import QARecord
 from mmoa.fileio import atomic_dir, atomic_write_json
 from mmoa.pipelines import Timings
+from mmoa.precision import device_type_of
 from mmoa.train.mappo.agent_stats import DRIFT_FLAGS_KEY, DriftMonitor
 from mmoa.train.mappo.args import MappoArguments
 from mmoa.train.mappo.checkpoint_files import (
@@ -279,7 +280,7 @@ class MappoTrainer(Trainer):
             str(self.accelerator.mixed_precision))
         dtype = None if self.zero_stage() == 3 else rollout_weights_dtype(
             policy.get_input_embeddings().weight.dtype, autocast,
-            next(policy.parameters()).device.type, self.mappo_args.mappo_generation_cache)
+            device_type_of(policy), self.mappo_args.mappo_generation_cache)
         if self._rollout_weights is None or self._rollout_weights.dtype != dtype:
             self._rollout_weights = RolloutWeights(dtype)
         return self._rollout_weights.policy_for_rollout(policy)
