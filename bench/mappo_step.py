@@ -324,6 +324,8 @@ def main() -> None:
         "finetuning_type": config["finetuning_type"], "precision": args.precision,
         "questions_per_step": trainer.questions_per_step,
         "ppo_epochs": trainer.ppo_config.ppo_epochs,
+        "forward_batch_size": trainer.ppo_config.forward_batch_size,
+        "overrides": list(args.set),
         "measured_steps": args.steps,
         "target_overhead_ratio": 1.3,
         # the first cache's figures at the top level (the JSON's layout before caches were

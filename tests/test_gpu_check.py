@@ -198,6 +198,7 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     result = subprocess.run(
         [sys.executable, str(GPU_CHECK / "run_check.py"), "--dry-run", "--bundle", str(bundle),
          "--out", str(out), "--work", str(work), "--stages", ",".join(DRY_STAGES),
+         "--bench-set", "mappo_forward_batch_size=3",
          "--deadline", "1400"],
         cwd=ROOT, capture_output=True, text=True, timeout=1500, check=False)
     summary = json.loads((out / "gpu_check_summary.json").read_text())
@@ -246,6 +247,9 @@ def test_dry_run_runs_every_stage_on_the_cpu(dry_run: dict) -> None:
         assert figures["mappo_step_s"] > 0 and figures["phases_s"]["generate"] > 0
         assert figures["baseline_step_s"] > 0 and figures["samples_per_step"] == 6
     assert bench["generate_speedup_vs_dynamic"]["static"] > 0
+    # --bench-set reaches the trainer (6 samples scored in two forward passes)
+    assert bench["overrides"] == ["mappo_forward_batch_size=3"]
+    assert bench["forward_batch_size"] == 3
     # what comes back from the device: three files, the logs in one archive
     assert sorted(p.name for p in dry_run["out"].iterdir()) == [
         "gpu_check_logs.tar.gz", "gpu_check_summary.json", "machine_pip_freeze.txt"]

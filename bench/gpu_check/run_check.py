@@ -473,6 +473,7 @@ def bench_step_cmd(run: Run) -> tuple[list[str], str]:
         "--dataset_dir", run.data, "--retriever_url", run.url,
         "--precision", "bf16" if run.precision == "bf16" else "fp32",
         "--steps", run.scale.bench_steps, *questions, *run.scale.bench_options,
+        *(arg for option in run.args.bench_set for arg in ("--set", option)),
         "--generation_cache", BENCH_CACHES, "--skip_memory",
         "--json-out", run.work / "bench_mappo_step.json"), note
 
@@ -482,6 +483,7 @@ def bench_step_details(run: Run, result: StageResult) -> None:
     if isinstance(figures, dict):
         result.details["mappo_step"] = {
             k: figures.get(k) for k in ("device", "precision", "questions_per_step",
+                                        "forward_batch_size", "overrides",
                                         "measured_steps", "generation_caches",
                                         "generate_speedup_vs_dynamic")}
 
@@ -1025,6 +1027,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         help="comma-separated stages (each brings the stages it needs) of: "
                         f"{','.join(STAGE_NAMES)}; default: all but bench_mappo_step, the "
                         "MAPPO step benchmark with each KV cache (about 3 minutes on an H200)")
+    parser.add_argument("--bench-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a MAPPO option for the bench_mappo_step stage (its --set), e.g. "
+                        "mappo_forward_batch_size=48; repeatable")
     return parser
 
 

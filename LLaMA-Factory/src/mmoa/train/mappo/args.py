@@ -213,6 +213,13 @@ class MappoArguments:
                                       "(a question under ppo; under grpo each of a question's "
                                       "G rollouts counts, and a call holds whole groups)."}
     )
+    mappo_forward_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "Samples per forward pass when a rollout is scored (old and "
+                          "reference log-probs, values) before the update (default: the "
+                          "per-device batch size, at least 8). Larger on a GPU, where a "
+                          "small model's forward is bound by kernel launches: fewer, fuller "
+                          "passes."})
     mappo_temperature: float = field(default=defaults.ROLLOUT_TEMPERATURE,
                                      metadata={"help": "Sampling temperature."})
     mappo_top_p: float = field(default=defaults.ROLLOUT_TOP_P,
@@ -347,6 +354,9 @@ class MappoArguments:
         if self.mappo_reward_metric not in ("f1", "em", "acc"):
             raise ValueError(f"mappo_reward_metric must be f1, em or acc, got "
                              f"{self.mappo_reward_metric!r}")
+        if self.mappo_forward_batch_size is not None and self.mappo_forward_batch_size < 1:
+            raise ValueError(f"mappo_forward_batch_size must be at least 1, got "
+                             f"{self.mappo_forward_batch_size}")
         for name in ("mappo_top_k", "mappo_rollout_batch_size", "mappo_max_new_tokens_qr",
                      "mappo_max_new_tokens_selector", "mappo_max_new_tokens_generator"):
             if getattr(self, name) < 1:

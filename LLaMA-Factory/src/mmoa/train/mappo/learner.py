@@ -275,6 +275,15 @@ def response_hidden_and_logits(model: nn.Module, batch: SampleBatch,
     return hidden, head(hidden).float()
 
 
+def scoring_batch_size(requested: int | None, per_device_batch_size: int) -> int:
+    """Samples per forward pass when a rollout is scored: ``mappo_forward_batch_size`` when
+    set, else the per-device batch size but at least 8 (scoring keeps no activations for a
+    backward pass, so it can take more rows than an update micro-batch)."""
+    if requested is not None:
+        return requested
+    return max(per_device_batch_size, 8)
+
+
 @dataclass
 class PPOConfig:
     """The PPO settings the learner needs (mapped from MappoArguments + LLaMA-Factory keys)."""

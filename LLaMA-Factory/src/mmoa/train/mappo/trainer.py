@@ -91,6 +91,7 @@ from mmoa.train.mappo.learner import (
     behaviour_ratio_stats,
     nothing_to_learn,
     rollout_diagnostics,
+    scoring_batch_size,
 )
 from mmoa.train.mappo.log import in_web_ui, mappo_logger, step_summary
 from mmoa.train.mappo.rollout_weights import RolloutWeights, rollout_weights_dtype
@@ -194,7 +195,8 @@ class MappoTrainer(Trainer):
             ppo_epochs=ppo_epochs,
             mini_batch_size=args.per_device_train_batch_size,
             gradient_accumulation_steps=args.gradient_accumulation_steps,
-            forward_batch_size=max(args.per_device_train_batch_size, 8),
+            forward_batch_size=scoring_batch_size(mappo_args.mappo_forward_batch_size,
+                                                  args.per_device_train_batch_size),
             cliprange=mappo_args.mappo_cliprange,
             cliprange_value=mappo_args.mappo_cliprange_value,
             vf_coef=mappo_args.mappo_vf_coef,
