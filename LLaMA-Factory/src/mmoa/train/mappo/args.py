@@ -354,13 +354,12 @@ class MappoArguments:
         if self.mappo_reward_metric not in ("f1", "em", "acc"):
             raise ValueError(f"mappo_reward_metric must be f1, em or acc, got "
                              f"{self.mappo_reward_metric!r}")
-        if self.mappo_forward_batch_size is not None and self.mappo_forward_batch_size < 1:
-            raise ValueError(f"mappo_forward_batch_size must be at least 1, got "
-                             f"{self.mappo_forward_batch_size}")
-        for name in ("mappo_top_k", "mappo_rollout_batch_size", "mappo_max_new_tokens_qr",
-                     "mappo_max_new_tokens_selector", "mappo_max_new_tokens_generator"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("mappo_top_k", "mappo_rollout_batch_size", "mappo_forward_batch_size",
+                     "mappo_max_new_tokens_qr", "mappo_max_new_tokens_selector",
+                     "mappo_max_new_tokens_generator"):
+            value = getattr(self, name)  # None: the default (mappo_forward_batch_size)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
         from mmoa.metrics import get_profile
         from mmoa.train.mappo.rewards import DECISION_ANSWER_REWARDS
 
