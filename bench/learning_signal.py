@@ -391,12 +391,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             seen.add(key)
             result["earlier_warm_starts"].append(warm)
     print(f"[warm start] test F1 {100 * sft['test']['f1']:.1f}", flush=True)
+    # a carried run is re-read from the work folder only when this invocation asks for it
+    # (its seed or agent); one it does not ask for is kept as recorded, never dropped
+    asked = {str(seed) for seed in args.seeds}
     for seed, carried in carried_mappo.items():
-        if not (work / f"mappo_seed{seed}" / RESULT).is_file():
+        if seed not in asked or not (work / f"mappo_seed{seed}" / RESULT).is_file():
             print(f"[seed {seed}] carried over from {args.previous}", flush=True)
             result["mappo"][seed] = carried
     result["ablation"].update({agent: run for agent, run in carried_ablation.items()
-                               if not (work / f"only_{agent}" / RESULT).is_file()})
+                               if agent not in args.ablation
+                               or not (work / f"only_{agent}" / RESULT).is_file()})
     _record(args, result, started)
     for seed in args.seeds:
         if str(seed) in result["mappo"]:

@@ -206,3 +206,45 @@ def test_a_run_resumed_after_a_cut_counts_the_seconds_of_every_attempt(bench, tm
     assert not (tmp_path / "seed1" / "attempt.json").exists()
     # a finished run is read back, not run again
     assert bench.mappo_run(args, tmp_path, "seed1", 1, "", "warm") == done
+
+
+def test_a_later_seed_alone_keeps_the_earlier_seeds_of_the_previous_json(bench, tmp_path):
+    """``--seeds 2`` with the JSON of a seed-1 invocation as ``--previous``: seed 1 (finished,
+    its result in the work folder) stays in the new JSON, seed 2 is added (both finished here,
+    so nothing is trained or evaluated)."""
+    import argparse
+    import json
+
+    warm = {"model": "sft", "weights_sha256": "aaa", "test": _test_summary(0.30),
+            "per_question_f1": {"q1": 0.0, "q2": 1.0}}
+    work = tmp_path / "work"
+    (work / "warm_start").mkdir(parents=True)
+    (work / "warm_start" / bench.RESULT).write_text(json.dumps(warm))
+
+    def finished(seed: int, per_question: dict) -> dict:
+        run = {"seed": seed, "agents": "qr,selector,generator", "test": _test_summary(0.5),
+               "per_question_f1": per_question}
+        (work / f"mappo_seed{seed}").mkdir()
+        (work / f"mappo_seed{seed}" / bench.RESULT).write_text(json.dumps(run))
+        return run
+
+    seed1 = finished(1, {"q1": 1.0, "q2": 1.0})
+    finished(2, {"q1": 0.5, "q2": 1.0})
+    previous = tmp_path / "previous.json"
+    previous.write_text(json.dumps({
+        "config": {"eval_file": "test.jsonl", "max_eval": None, "algorithm": "ppo",
+                   "agents": "qr,selector,generator"},
+        "warm_start": warm, "ablation": {},
+        "mappo": {"1": {**seed1, "paired": bench.paired_gain(warm["per_question_f1"],
+                                                             seed1["per_question_f1"]),
+                        "warm_start": bench.warm_start_ref(warm)}}}))
+    args = argparse.Namespace(
+        model="smollm2", work_dir=str(work), previous=str(previous),
+        json_out=str(tmp_path / "out.json"),
+        seeds=[2], ablation=[], agents="qr,selector,generator", eval_file="test.jsonl",
+        max_eval=None, algorithm="ppo", scoring=None, warm_start="sft")
+    result = bench.run(args)
+    assert sorted(result["mappo"]) == ["1", "2"]
+    assert result["mappo"]["1"]["paired"]["gain"] == pytest.approx(0.5)
+    assert result["mappo"]["2"]["paired"]["gain"] == pytest.approx(0.25)
+    assert sorted(json.loads((tmp_path / "out.json").read_text())["mappo"]) == ["1", "2"]
