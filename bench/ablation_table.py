@@ -1,5 +1,6 @@
-"""The paper's Table 3 from learning-signal JSONs: joint MAPPO against MAPPO with one agent left
-out of optimisation, each over its seeds, all from one warm start on one question set.
+"""The paper's ablation (its Figure 2, "w/o QR / S / G"; Table 3 in the issue that asked for it)
+from learning-signal JSONs: joint MAPPO against MAPPO with one agent left out of optimisation,
+each over its seeds, all from one warm start on one question set.
 
 Each configuration is one ``bench/learning_signal.py`` JSON (its ``mappo`` seeds were trained
 with that configuration's ``--agents``). The table gives, per configuration, each seed's F1,

@@ -1,4 +1,4 @@
-"""The Table 3 bench (``bench/ablation_table.py``): gains and differences against hand-computed
+"""The ablation bench (``bench/ablation_table.py``): gains and differences against hand-computed
 values on made-up learning-signal JSONs, and the refusals of incomparable ones."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _write(path: Path, agents: str, seeds: dict, digest: str = "w",
     return path
 
 
-def test_table3_rows_by_hand(bench, tmp_path):
+def test_ablation_rows_by_hand(bench, tmp_path):
     joint = _write(tmp_path / "joint.json", "qr,selector,generator", {
         "1": _run({"a": 1.0, "b": 1.0, "c": 0.0}),    # gain (1 + 0 - 0.5) / 3 = 1/6
         "2": _run({"a": 0.5, "b": 1.0, "c": 1.0})})   # gain (0.5 + 0 + 0.5) / 3 = 1/3
