@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
 
 class HandClock:
     """A monotonic clock the test moves by hand (``clock.now += seconds``), for
@@ -12,3 +19,14 @@ class HandClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def load_bench(name: str) -> ModuleType:
+    """The bench script ``bench/<name>.py`` as a module (the scripts import their shared
+    helpers, ``bench/bench_runs.py`` and each other, as top-level sibling modules)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,26 +3,18 @@ values on made-up learning-signal JSONs, and the refusals of incomparable ones."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_fixtures import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
-    if str(ROOT / "bench") not in sys.path:
-        sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("ablation_table",
-                                                  ROOT / "bench" / "ablation_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("ablation_table")
 
 
 WARM = {"a": 0.0, "b": 1.0, "c": 0.5}

@@ -4,28 +4,19 @@ runs carried over from an earlier session's JSON (the bench itself needs SmolLM2
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.bench_fixtures import HandClock
+from tests.bench_fixtures import HandClock, load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    # the bench scripts import their shared helpers (bench/bench_runs.py) as a sibling module
-    if str(ROOT / "bench") not in sys.path:
-        sys.path.insert(0, str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("learning_signal",
-                                                  ROOT / "bench" / "learning_signal.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("learning_signal")
 
 
 def test_paired_gain_by_hand(bench):
