@@ -93,23 +93,41 @@ def test_fraction_percentage_and_eta_match_a_hand_run(tmp_path: Path) -> None:
 
 
 def test_the_file_and_the_console_are_rate_limited(tmp_path: Path) -> None:
-    """At most one write a second; a step's start, a stop and the end are written at once."""
+    """At most one write a second; a step's start, a phase's start, a stop and the end are
+    written at once."""
     clock, lines = Clock(), []
     progress = _progress(tmp_path, clock, lines)
     progress.begin_step(1)  # forced
-    progress.begin_phase("update", 100)
+    progress.begin_phase("update", 100)  # forced, at the same instant
     for done in range(1, 100):
         clock.now = done * 0.1  # ten micro-batches a second for ten seconds
         progress.advance(done)
-    assert len(lines) == 10  # t = 0 (the step), then 1.0, 2.0, ..., 9.0 s
+    assert len(lines) == 11  # t = 0 (the step, the phase), then 1.0, 2.0, ..., 9.0 s
     assert json.loads((tmp_path / PROGRESS_FILE).read_text())["done"] == 90
     progress.stopping("stop requested")  # forced, though 0.9 s after the last write
-    assert len(lines) == 11 and lines[-1].endswith("· stop requested")
+    assert len(lines) == 12 and lines[-1].endswith("· stop requested")
     assert read_progress(tmp_path / PROGRESS_FILE)["state"] == "stopping"
     progress.finish("stopped", "stopped after step 0", None)
     record = read_progress(tmp_path / PROGRESS_FILE)
     assert record["state"] == "stopped" and record["text"] == "stopped after step 0"
-    assert record["eta_s"] is None and len(lines) == 12
+    assert record["eta_s"] is None and len(lines) == 13
+
+
+def test_a_step_shorter_than_the_interval_still_shows_its_phases(tmp_path: Path) -> None:
+    """A step of a fraction of a second (a tiny model): each phase's start reaches the file,
+    so the web UI's label names the phase under way, not only the step."""
+    clock, lines = Clock(), []
+    progress = _progress(tmp_path, clock, lines)
+    progress.begin_step(1)
+    for phase, at in (("rollout", 0.1), ("score", 0.2), ("update", 0.3)):
+        clock.now = at
+        progress.begin_phase(phase, 2)
+        assert read_progress(tmp_path / PROGRESS_FILE)["phase"] == phase
+        clock.now = at + 0.05
+        progress.advance(1)  # within the interval: not written
+        assert read_progress(tmp_path / PROGRESS_FILE)["done"] == 0
+    assert [line.split(" · ")[1].split(":")[0] for line in lines[1:]] == [
+        "rollout", "score", "update"]
 
 
 def test_the_first_record_has_no_eta_and_a_finished_run_is_at_100(tmp_path: Path) -> None:

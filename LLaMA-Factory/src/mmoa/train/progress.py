@@ -13,8 +13,9 @@ so a run looked hung. One :class:`StepProgress` per run follows the step through
 * ``update``: the learner's micro-batches over all PPO epochs.
 
 It writes ``step_progress.json`` atomically, at most once per ``min_interval_s`` (and at once
-when a step begins, a stop is noticed and the run ends), and hands the same line to a console
-sink as often. The estimates are simple on purpose (tests check them against a hand-run):
+when a step or a phase begins, a stop is noticed and the run ends: a step shorter than the
+interval still shows its phases), and hands the same line to a console sink as often. The
+estimates are simple on purpose (tests check them against a hand-run):
 
 * fraction of the step: the phases before the current one plus the current one's done/total,
   each phase weighted by its share of the last completed step's time (equal shares before any
@@ -126,7 +127,7 @@ class StepProgress:
             self._phase_seconds[self.phase] = now - self._phase_started
         self.phase, self.done, self.total, self.detail = phase, 0, max(0, int(total)), ""
         self._phase_started = now
-        self._emit()
+        self._emit(force=True)
 
     def advance(self, done: int, detail: str = "") -> None:
         """``done`` of the phase's ``total`` units are done; ``detail`` names where (the
