@@ -39,6 +39,12 @@ no entity, passage or question of it was seen in training), served on its own po
     python bench/learning_signal.py --eval-file data/test_world/test.jsonl \
         --eval-retriever-url http://127.0.0.1:8001 --json-out bench/results/learning_signal.json
 
+Baselines on the same questions (``--baselines rag:5 rag:1``): the warm start as one-shot
+retrieve-then-generate (the question alone, the top K passages), each paired with the warm
+start's three-agent pipeline and with every MAPPO seed. On a world whose top passage is nearly
+always a gold one, ``rag`` with K = 1 is the bar a Selector has to clear. A baseline of the same
+warm-start weights recorded in ``--previous`` is reused, not evaluated again.
+
 Prints one JSON object and a table.
 """
 
@@ -95,17 +101,19 @@ TARGET_SEEDS = 3
 
 
 def evaluate(model: Path, args: argparse.Namespace, out: Path, mode: str = "qr_s_g",
-             base: str | Path | None = None) -> dict[str, Any]:
+             base: str | Path | None = None, k: int | None = None) -> dict[str, Any]:
     """The pipeline of ``mode`` (``qr_s_g``; ``rag`` for retrieve-then-generate) on
     ``args.eval_file`` with the RL config's generation limits; its ``metrics.json``. Other
     benches (``side_by_side.py``) evaluate their three-agent rows with it, so that every
     three-agent figure is scored the same way; ``args.scoring`` (absent: the evaluator's
     default profile) picks the scoring, e.g. ``hotpotqa`` on real HotpotQA files. ``base``:
-    the model a LoRA ``model`` was trained from (see :func:`model_arguments`)."""
+    the model a LoRA ``model`` was trained from (see :func:`model_arguments`); ``k``: the
+    candidates per question (default ``args.k``)."""
     template = MODELS[args.model][1]
     command = [sys.executable, "evaluate/evaluate_qr_s_g.py", *model_arguments(model, base),
                "--template", template, "--data_file", args.eval_file, "--mode", mode,
-               "--k", str(args.k), "--retriever_url", args.eval_retriever_url or args.retriever_url,
+               "--k", str(k or args.k),
+               "--retriever_url", args.eval_retriever_url or args.retriever_url,
                "--precision", args.precision, *rollout_limits(rl_config(args)),
                "--output_dir", str(out)]
     if args.max_eval:
@@ -307,6 +315,65 @@ def _mappo_record(args: argparse.Namespace, run_dir: Path, name: str, seed: int,
             "training_last_steps": _training_tail(output)}
 
 
+def parse_baseline(spec: str) -> tuple[str, int]:
+    """``rag:1`` -> (``rag``, 1): a baseline's evaluation mode and candidates per question."""
+    mode, _, k = spec.partition(":")
+    if mode != "rag" or not k.isdigit() or int(k) < 1:
+        raise argparse.ArgumentTypeError(f"a baseline is rag:K with K >= 1, not {spec!r}")
+    return mode, int(k)
+
+
+def baseline_name(spec: str) -> str:
+    mode, k = parse_baseline(spec)
+    return f"{mode}_k{k}"
+
+
+def baseline_run(args: argparse.Namespace, work: Path, spec: str, sft: dict[str, Any],
+                 earlier: list[dict[str, Any]]) -> dict[str, Any]:
+    """The warm start evaluated as the baseline ``spec`` (``rag:K``), kept in
+    ``<work>/baseline_<name>/result.json``; taken from an ``earlier`` record of the same spec
+    and warm-start weights instead of evaluating again."""
+    mode, k = parse_baseline(spec)
+    name = baseline_name(spec)
+    run_dir = work / f"baseline_{name}"
+    if (done := _done(run_dir)) is not None and \
+            done.get("weights_sha256") == sft["weights_sha256"]:
+        return done
+    same = next((b for b in earlier if b.get("spec") == spec
+                 and b.get("weights_sha256") == sft["weights_sha256"]), None)
+    if same is not None:
+        print(f"[baseline {name}] same warm start as an earlier one: its evaluation is reused",
+              flush=True)
+        return {key: value for key, value in same.items() if key != "paired"}
+    with AttemptClock(run_dir) as clock:
+        metrics = evaluate(Path(sft["model"]), args, run_dir / "eval", mode=mode, k=k)
+        record = {"spec": spec, "mode": mode, "k": k, "model": sft["model"],
+                  "weights_sha256": sft["weights_sha256"],
+                  "test": summary(metrics, run_dir / "eval"),
+                  "per_question_f1": per_question_f1(run_dir / "eval")}
+    return _finish(run_dir, record, clock)
+
+
+def baseline_pairings(baseline: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """Paired gains over ``baseline`` (on the same questions) of the warm start's three-agent
+    pipeline, of each MAPPO seed trained from that warm start, and of those seeds pooled
+    (:func:`pooled_gain`)."""
+    base = baseline["per_question_f1"]
+    sft = result["warm_start"]
+    paired: dict[str, Any] = {}
+    if sft.get("weights_sha256") == baseline["weights_sha256"] and "per_question_f1" in sft:
+        paired["warm_start"] = paired_gain(base, sft["per_question_f1"])
+    seeds = {seed: run for seed, run in result["mappo"].items()
+             if run["warm_start"].get("weights_sha256") == baseline["weights_sha256"]
+             and "per_question_f1" in run}
+    for seed, run in seeds.items():
+        paired[f"mappo_seed{seed}"] = paired_gain(base, run["per_question_f1"])
+    if len(seeds) > 1:
+        paired["mappo_seeds_pooled"] = pooled_gain(
+            base, [run["per_question_f1"] for run in seeds.values()])
+    return paired
+
+
 def pooled_gain(sft: dict[str, float], runs: list[dict[str, float]]) -> dict[str, float]:
     """Mean F1 gain of several MAPPO seeds over the warm start they share, with its standard
     error over questions: each question's gain is averaged over the seeds first, since seeds
@@ -368,6 +435,8 @@ def _record(args: argparse.Namespace, result: dict[str, Any], started: float) ->
     """The summary and the JSON so far (after every finished run, so that a cut session still
     leaves its figures)."""
     result["summary"] = _summarise(result, started)
+    for baseline in result.get("baselines", {}).values():
+        baseline["paired"] = baseline_pairings(baseline, result)
     if args.json_out:
         atomic_write_json(args.json_out, result)
 
@@ -422,6 +491,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["ablation"][agent] = run_result
         print(f"[only {agent}] test F1 {100 * run_result['test']['f1']:.1f}", flush=True)
         _record(args, result, started)
+    earlier_baselines = list((previous or {}).get("baselines", {}).values())
+    result["baselines"] = {name: run for name, run in (previous or {}).get("baselines", {}).items()
+                           if name not in map(baseline_name, args.baselines)}
+    for spec in args.baselines:
+        result["baselines"][baseline_name(spec)] = baseline_run(args, work, spec, sft,
+                                                                earlier_baselines)
+        _record(args, result, started)
     _record(args, result, started)
     return result
 
@@ -471,8 +547,15 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(row(f"MAPPO seed {seed}", r["test"], r["paired"], r["warm_start"]))
     for agent, r in result["ablation"].items():
         lines.append(row(f"MAPPO only {agent}", r["test"], r["paired"], r["warm_start"]))
+    baselines = result.get("baselines", {})
+    for b in baselines.values():
+        lines.append(row(f"{b['mode']} K={b['k']} (warm start)", b["test"], None, b))
     s = result["summary"]
     lines.append("-" * len(header))
+    for b in baselines.values():
+        gains = ", ".join(f"{name.replace('_', ' ')} {_pct(g['gain'])} +- {_pct(g['gain_se'])}"
+                          for name, g in b.get("paired", {}).items())
+        lines.append(f"over {b['mode']} K={b['k']} (paired, F1): {gains or '-'}")
     lines.extend(_scoring_lines(result))
     verdict = "pending" if s["target_met"] is None else s["target_met"]
     spread = s.get("mean_gain_se_over_seeds")
@@ -513,6 +596,10 @@ def main() -> None:
     parser.add_argument("--scoring", choices=["mmoa", "squad", "hotpotqa"],
                         help="the evaluations' scoring profile (default: the evaluator's, mmoa; "
                         "hotpotqa on real HotpotQA files)")
+    parser.add_argument("--baselines", nargs="*", default=[], metavar="rag:K",
+                        type=lambda spec: parse_baseline(spec) and spec,
+                        help="the warm start as one-shot rag with K candidates on the same "
+                        "questions, paired with the warm start and every seed (e.g. rag:5 rag:1)")
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
     parser.add_argument("--work-dir", default="saves/learning_signal")
     parser.add_argument("--sft", dest="sft_overrides", action="append", default=[],
@@ -532,6 +619,8 @@ def main() -> None:
         recorded["summary"] = {**recorded.get("summary", {}),
                                **_summarise(recorded, time.perf_counter())}
         recorded["summary"].pop("seconds_this_invocation", None)
+        for baseline in recorded.get("baselines", {}).values():
+            baseline["paired"] = baseline_pairings(baseline, recorded)
         print(json.dumps(recorded["summary"], indent=2))
         print()
         print(format_table(recorded))

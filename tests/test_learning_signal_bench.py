@@ -233,9 +233,68 @@ def test_a_later_seed_alone_keeps_the_earlier_seeds_of_the_previous_json(bench, 
         model="smollm2", work_dir=str(work), previous=str(previous),
         json_out=str(tmp_path / "out.json"),
         seeds=[2], ablation=[], agents="qr,selector,generator", eval_file="test.jsonl",
-        max_eval=None, algorithm="ppo", scoring=None, warm_start="sft")
+        max_eval=None, algorithm="ppo", scoring=None, warm_start="sft", baselines=[])
     result = bench.run(args)
     assert sorted(result["mappo"]) == ["1", "2"]
     assert result["mappo"]["1"]["paired"]["gain"] == pytest.approx(0.5)
     assert result["mappo"]["2"]["paired"]["gain"] == pytest.approx(0.25)
     assert sorted(json.loads((tmp_path / "out.json").read_text())["mappo"]) == ["1", "2"]
+
+
+def test_a_baseline_is_paired_with_the_warm_start_and_every_seed(bench, tmp_path, monkeypatch):
+    """``--baselines rag:1``: the warm start evaluated once as rag with K = 1 (the evaluation's
+    mode and K checked), paired by hand with the warm start, each seed and the seeds pooled; a
+    second invocation with that JSON as ``--previous`` reuses it (same warm-start weights)."""
+    import argparse
+    import json
+
+    warm = {"model": "sft", "weights_sha256": "aaa", "test": _test_summary(0.30),
+            "per_question_f1": {"q1": 0.0, "q2": 1.0, "q3": 0.0}}
+    work = tmp_path / "work"
+    (work / "warm_start").mkdir(parents=True)
+    (work / "warm_start" / bench.RESULT).write_text(json.dumps(warm))
+    for seed, per_question in ((1, {"q1": 1.0, "q2": 1.0, "q3": 0.0}),
+                               (2, {"q1": 0.0, "q2": 1.0, "q3": 1.0})):
+        (work / f"mappo_seed{seed}").mkdir()
+        (work / f"mappo_seed{seed}" / bench.RESULT).write_text(json.dumps(
+            {"seed": seed, "agents": "qr,selector,generator", "test": _test_summary(0.6),
+             "per_question_f1": per_question}))
+    calls = []
+
+    def evaluate(model, args, out, mode="qr_s_g", base=None, k=None):
+        calls.append((str(model), mode, k))
+        return {}
+
+    monkeypatch.setattr(bench, "evaluate", evaluate)
+    monkeypatch.setattr(bench, "summary", lambda metrics, eval_dir: _test_summary(0.5))
+    monkeypatch.setattr(bench, "per_question_f1",
+                        lambda eval_dir: {"q1": 1.0, "q2": 0.5, "q3": 0.0})
+    args = argparse.Namespace(
+        model="smollm2", work_dir=str(work), previous=None, json_out=str(tmp_path / "out.json"),
+        seeds=[1, 2], ablation=[], agents="qr,selector,generator", eval_file="test.jsonl",
+        max_eval=None, algorithm="ppo", scoring=None, warm_start="sft", baselines=["rag:1"])
+    result = bench.run(args)
+    assert calls == [("sft", "rag", 1)]
+    paired = result["baselines"]["rag_k1"]["paired"]
+    # rag K=1 per question 1, 0.5, 0; warm start 0, 1, 0: diffs -1, 0.5, 0
+    assert paired["warm_start"]["gain"] == pytest.approx(-1 / 6)
+    # seed 1: 0, 0.5, 0 -> 1/6; seed 2: -1, 0.5, 1 -> 1/6; pooled per question -0.5, 0.5, 0.5
+    assert paired["mappo_seed1"]["gain"] == pytest.approx(1 / 6)
+    assert paired["mappo_seed2"]["gain"] == pytest.approx(1 / 6)
+    assert paired["mappo_seeds_pooled"]["gain"] == pytest.approx(1 / 6)
+    assert paired["mappo_seeds_pooled"]["gain_se"] == pytest.approx(
+        math.sqrt(((2 / 3) ** 2 + (1 / 3) ** 2 + (1 / 3) ** 2) / 2) / math.sqrt(3))
+    assert "over rag K=1 (paired, F1): warm start -16.7" in bench.format_table(result)
+    # the next invocation (another work folder) reuses it from --previous: no evaluation
+    args.work_dir, args.previous = str(tmp_path / "work2"), str(tmp_path / "out.json")
+    (tmp_path / "work2").mkdir()
+    (tmp_path / "work2" / "warm_start").symlink_to(work / "warm_start")
+    args.seeds = [3]
+    (tmp_path / "work2" / "mappo_seed3").mkdir()
+    (tmp_path / "work2" / "mappo_seed3" / bench.RESULT).write_text(json.dumps(
+        {"seed": 3, "agents": "qr,selector,generator", "test": _test_summary(0.6),
+         "per_question_f1": {"q1": 1.0, "q2": 0.5, "q3": 0.0}}))
+    again = bench.run(args)
+    assert calls == [("sft", "rag", 1)]
+    assert again["baselines"]["rag_k1"]["paired"]["mappo_seed3"]["gain"] == 0.0
+    assert sorted(again["mappo"]) == ["1", "2", "3"]
