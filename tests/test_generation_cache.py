@@ -13,7 +13,7 @@ from mmoa.agents.generation_cache import (
     check_generation_cache,
     resolve_generation_cache,
 )
-from mmoa.defaults import GENERATION_CACHE
+from mmoa.defaults import GENERATION_CACHE, ROLLOUT_GENERATION_CACHE
 
 
 def test_auto_is_static_on_cuda_and_dynamic_elsewhere() -> None:
@@ -31,6 +31,21 @@ def test_generate_kwargs_name_the_static_cache_only_when_it_is_used() -> None:
     assert cache_kwargs("static", model) == {"cache_implementation": "static"}
     assert cache_kwargs("auto", model) == {}
     assert cache_kwargs("dynamic", model) == {}
+
+
+def test_rollouts_default_to_static_on_cuda_only_and_evaluation_to_dynamic() -> None:
+    """MAPPO's default leaves every CPU run as it was (dynamic) and compiles on CUDA; evaluation
+    keeps the dynamic cache everywhere (no per-process compilation for a short evaluation)."""
+    from mmoa.evaluation import EvalConfig
+    from mmoa.train.mappo.args import MappoArguments
+
+    rollouts = MappoArguments().mappo_generation_cache
+    assert rollouts == ROLLOUT_GENERATION_CACHE == "auto"
+    assert resolve_generation_cache(rollouts, "cpu") == "dynamic"
+    assert resolve_generation_cache(rollouts, "cuda") == "static"
+    evaluation = EvalConfig(model_name_or_path="m", template="llama3", output_dir="o",
+                            data_file="d.jsonl").generation_cache
+    assert resolve_generation_cache(evaluation, "cuda") == "dynamic"
 
 
 def test_unknown_cache_names_are_refused_everywhere() -> None:

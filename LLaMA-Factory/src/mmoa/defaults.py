@@ -17,9 +17,16 @@ from types import MappingProxyType
 MAX_NEW_TOKENS = MappingProxyType({"qr": 100, "selector": 32, "generator": 100})
 
 #: The KV cache of the agents' ``generate`` calls (:mod:`mmoa.agents.generation_cache`):
-#: ``dynamic`` (transformers' default, every figure so far), ``static`` (compiled decoding on
-#: CUDA) or ``auto`` (static on CUDA, dynamic elsewhere).
+#: ``dynamic`` (transformers' default, every CPU figure), ``static`` (compiled decoding on
+#: CUDA) or ``auto`` (static on CUDA, dynamic elsewhere). Evaluation and inference keep
+#: ``dynamic``: the static cache compiles once per process (about 60 s on an H200), which a
+#: few hundred questions do not pay back.
 GENERATION_CACHE = "dynamic"
+#: The cache of MAPPO's rollouts: ``auto``, i.e. dynamic on a CPU (nothing changes there) and
+#: the static cache on CUDA, where a training run pays its one compilation back within a few
+#: dozen steps (H200, demo step of 16 questions: generation 3.9 -> 0.9 s, step 6.2 -> 3.5 s;
+#: ``bench/results/gpu_check_h200_smollm2_bench_and_eval.json``).
+ROLLOUT_GENERATION_CACHE = "auto"
 
 # Rollout sampling (evaluation is greedy).
 ROLLOUT_TEMPERATURE = 0.95

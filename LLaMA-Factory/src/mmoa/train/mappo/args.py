@@ -250,9 +250,10 @@ class MappoArguments:
     )
 
     mappo_generation_cache: str = field(
-        default=defaults.GENERATION_CACHE,
+        default=defaults.ROLLOUT_GENERATION_CACHE,
         metadata={"help": "KV cache of the rollouts' generate calls: dynamic, static (compiled "
-                          "decoding on CUDA) or auto (static on CUDA, dynamic elsewhere)."},
+                          "decoding on CUDA) or auto (static on CUDA where the weights are in "
+                          "the compute dtype, dynamic elsewhere; the default)."},
     )
 
     # rewards and penalties
