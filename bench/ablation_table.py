@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from learning_signal import AGENTS, pooled_gain
+from learning_signal import AGENTS, mean_over_seeds, pooled_gain
 
 from mmoa.fileio import atomic_write_json
 
@@ -75,12 +75,6 @@ def check_comparable(configurations: list[dict[str, Any]]) -> None:
         if other["warm_start"].get("weights_sha256") != first["warm_start"].get("weights_sha256"):
             raise SystemExit(f"{other['label']} and {first['label']} start from different warm "
                              "starts (weights digests differ): their gains are not comparable")
-
-
-def mean_over_seeds(runs: list[dict[str, float]]) -> dict[str, float]:
-    """Each question's F1 averaged over the runs that all scored it."""
-    questions = [q for q in runs[0] if all(q in run for run in runs)]
-    return {q: statistics.fmean(run[q] for run in runs) for q in questions}
 
 
 def summarise(configuration: dict[str, Any], reference: dict[str, float] | None

@@ -374,13 +374,19 @@ def baseline_pairings(baseline: dict[str, Any], result: dict[str, Any]) -> dict[
     return paired
 
 
+def mean_over_seeds(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each question's F1 averaged over the runs (seeds) that all scored it."""
+    questions = [q for q in runs[0] if all(q in run for run in runs)]
+    return {q: statistics.fmean(run[q] for run in runs) for q in questions}
+
+
 def pooled_gain(sft: dict[str, float], runs: list[dict[str, float]]) -> dict[str, float]:
     """Mean F1 gain of several MAPPO seeds over the warm start they share, with its standard
     error over questions: each question's gain is averaged over the seeds first, since seeds
     scored on the same questions are not independent samples (the question-to-question spread
     counts once, the seed-to-seed noise averages out). One run gives :func:`paired_gain`."""
-    questions = [q for q in sft if all(q in run for run in runs)]
-    diffs = [statistics.fmean(run[q] for run in runs) - sft[q] for q in questions]
+    means = mean_over_seeds(runs)
+    diffs = [means[q] - sft[q] for q in sft if q in means]
     se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
     return {"gain": statistics.fmean(diffs), "gain_se": se, "n": len(diffs),
             "seeds": len(runs)}
@@ -431,12 +437,19 @@ def _summarise(result: dict[str, Any], started: float) -> dict[str, Any]:
     }
 
 
-def _record(args: argparse.Namespace, result: dict[str, Any], started: float) -> None:
-    """The summary and the JSON so far (after every finished run, so that a cut session still
-    leaves its figures)."""
+def _refresh(result: dict[str, Any], started: float) -> None:
+    """Recomputes what is derived from the runs: the summary, and each baseline's pairings with
+    the warm start and the seeds (a resumed bench or ``--report`` may hold seeds the baselines
+    were not yet paired with)."""
     result["summary"] = _summarise(result, started)
     for baseline in result.get("baselines", {}).values():
         baseline["paired"] = baseline_pairings(baseline, result)
+
+
+def _record(args: argparse.Namespace, result: dict[str, Any], started: float) -> None:
+    """The summary and the JSON so far (after every finished run, so that a cut session still
+    leaves its figures)."""
+    _refresh(result, started)
     if args.json_out:
         atomic_write_json(args.json_out, result)
 
@@ -616,11 +629,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.report:
         recorded = json.loads(Path(args.report).read_text())
-        recorded["summary"] = {**recorded.get("summary", {}),
-                               **_summarise(recorded, time.perf_counter())}
+        kept = recorded.get("summary", {})
+        _refresh(recorded, time.perf_counter())
+        recorded["summary"] = {**kept, **recorded["summary"]}
         recorded["summary"].pop("seconds_this_invocation", None)
-        for baseline in recorded.get("baselines", {}).values():
-            baseline["paired"] = baseline_pairings(baseline, recorded)
         print(json.dumps(recorded["summary"], indent=2))
         print()
         print(format_table(recorded))

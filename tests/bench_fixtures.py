@@ -23,10 +23,14 @@ class HandClock:
 
 def load_bench(name: str) -> ModuleType:
     """The bench script ``bench/<name>.py`` as a module (the scripts import their shared
-    helpers, ``bench/bench_runs.py`` and each other, as top-level sibling modules)."""
+    helpers, ``bench/bench_runs.py`` and each other, as top-level sibling modules). Registered in
+    ``sys.modules`` under ``name``, as an import of it from a sibling would be, so that its
+    dataclasses can look their module up."""
     if str(BENCH) not in sys.path:
         sys.path.insert(0, str(BENCH))
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_fixtures import HandClock
+from tests.bench_fixtures import HandClock, load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -143,20 +143,8 @@ def test_rollout_limits_are_the_mappo_configs_own(runs, tmp_path: Path) -> None:
         "--max_new_tokens_generator", "16"]
 
 
-def _bench(script: str):
-    """A bench script as a module (``runs`` first puts ``bench/`` on the path it imports from)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"{script}_bench",
-                                                  ROOT / "bench" / f"{script}.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
 def _decision_bench(runs):
-    return _bench("decision_agent")
+    return load_bench("decision_agent")
 
 
 def test_decision_bench_repeats_only_the_known_questions(runs) -> None:
@@ -191,7 +179,7 @@ def test_decision_bench_reports_the_sampled_evaluations_apart(runs) -> None:
 def test_search_bench_names_runs_by_variant_and_counts_its_target(runs) -> None:
     import argparse
 
-    bench = _bench("search_agent")
+    bench = load_bench("search_agent")
     args = argparse.Namespace(seeds=[1, 2], nomask_seeds=[1], single_seeds=[3], variant="mean")
     assert bench.plan(args) == [
         ("grpo-seed1-mean", "multi", 1, []),

@@ -45,6 +45,14 @@ def test_pooled_gain_averages_each_question_over_the_seeds_first(bench):
     assert one["gain_se"] == pytest.approx(bench.paired_gain(sft, seed_x)["gain_se"])
 
 
+def test_mean_over_seeds_keeps_only_the_questions_every_seed_scored(bench):
+    means = bench.mean_over_seeds([{"a": 1.0, "b": 0.0, "c": 0.5}, {"a": 0.0, "b": 0.5}])
+    assert means == pytest.approx({"a": 0.5, "b": 0.25})  # "c" is missing from the second
+    sft = {"a": 0.0, "b": 0.0, "c": 0.0}
+    pooled = bench.pooled_gain(sft, [{"a": 1.0, "b": 0.0, "c": 0.5}, {"a": 0.0, "b": 0.5}])
+    assert pooled["n"] == 2 and pooled["gain"] == pytest.approx(0.375)
+
+
 def test_weights_digest_covers_every_weight_file(bench, tmp_path):
     (tmp_path / "model-00002.safetensors").write_bytes(b"second")
     (tmp_path / "model-00001.safetensors").write_bytes(b"first")

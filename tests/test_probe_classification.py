@@ -4,25 +4,16 @@ reload counts as handled. A probe that miscounts would report a clean server tha
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_fixtures import load_bench
 
 
 @pytest.fixture(scope="module")
 def probe() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("server_probe_bench",
-                                                  ROOT / "bench" / "server_probe.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("server_probe")
 
 
 @pytest.mark.parametrize(("per_question", "kind"), [
