@@ -143,12 +143,8 @@ def test_rollout_limits_are_the_mappo_configs_own(runs, tmp_path: Path) -> None:
         "--max_new_tokens_generator", "16"]
 
 
-def _decision_bench(runs):
-    return load_bench("decision_agent")
-
-
-def test_decision_bench_repeats_only_the_known_questions(runs) -> None:
-    bench = _decision_bench(runs)
+def test_decision_bench_repeats_only_the_known_questions() -> None:
+    bench = load_bench("decision_agent")
     rows = [{"id": "w1", "group": "world"}, {"id": "k1", "group": "known"},
             {"id": "w2", "group": "world"}]
     weighted = bench.known_weighted_rows(rows, 3)
@@ -157,8 +153,8 @@ def test_decision_bench_repeats_only_the_known_questions(runs) -> None:
     assert bench.known_weighted_rows(rows, 1) == rows
 
 
-def test_decision_bench_reports_the_sampled_evaluations_apart(runs) -> None:
-    bench = _decision_bench(runs)
+def test_decision_bench_reports_the_sampled_evaluations_apart() -> None:
+    bench = load_bench("decision_agent")
     group = {"num_questions": 2, "em": 0.5, "f1": 0.5, "retrieval_rate": 0.5,
              "mean_searches": 0.5}
     sft = {"summary": {"num_questions": 2, "em": 0.5, "f1": 0.5, "retrieval_rate": 0.5,
