@@ -30,9 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench_runs import write_result
 from learning_signal import AGENTS, mean_over_seeds, pooled_gain
-
-from mmoa.fileio import atomic_write_json
 
 #: The agents' statistics the table averages over a configuration's seeds.
 STATISTICS = ("candidate_support_recall", "mean_subquestions", "mean_selected",
@@ -174,7 +173,7 @@ def main() -> None:
     args = parser.parse_args()
     table = build([load_configuration(label, path) for label, path in args.sources])
     if args.json_out:
-        atomic_write_json(args.json_out, table)
+        write_result(args.json_out, table, "bench/ablation_table.py")
     print(json.dumps(table, indent=2))
     print()
     print(format_markdown(table))

@@ -111,9 +111,9 @@ def main() -> None:
     print(json.dumps(results, indent=2))
     print(table(results))
     if args.json_out:
-        from mmoa.fileio import atomic_write_json
+        from bench_runs import write_result  # a sibling: bench/ is first on sys.path
 
-        atomic_write_json(args.json_out, results)
+        write_result(args.json_out, results, "bench/behaviour_ratio.py")
 
 
 if __name__ == "__main__":

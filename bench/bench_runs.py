@@ -5,6 +5,9 @@ disk, paired per-question gains, and the command line every such bench starts fr
 The benches (``learning_signal.py``, ``decision_agent.py``, ``retriever_rl.py``,
 ``search_agent.py``) run for hours on a CPU and span sessions, so each stage writes
 ``<work-dir>/<stage>/result.json`` when it is done and a later invocation skips it.
+
+Every bench writes its result JSON through :func:`write_result`, which names the commit it was
+measured at and keeps no path of the machine it ran on (see bench/README.md).
 """
 
 from __future__ import annotations
@@ -12,15 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from mmoa.agent_adapters import MARKER_FILE
@@ -109,8 +115,11 @@ def code_version(script: str) -> str:
     has uncommitted changes): runs of one table must come from the same trainer code, and a
     resumed bench may span sessions."""
     def git(*argv: str) -> str:
-        out = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True,
-                             check=False)
+        try:
+            out = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True,
+                                 check=False)
+        except OSError:  # no git on this machine (the GPU check's): "unknown"
+            return ""
         return out.stdout.strip() if out.returncode == 0 else ""
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
@@ -118,6 +127,161 @@ def code_version(script: str) -> str:
     changed = git("status", "--porcelain", "--untracked-files=no", "--", "LLaMA-Factory",
                   "evaluate", script)
     return commit + ("+dirty" if changed else "")
+
+
+#: Where a result JSON names the commit it was measured at, in the order looked at: its own
+#: ``code`` (what :func:`write_result` stamps), a hand-written ``commit``, or the ``code`` of its
+#: ``config`` block (the training benches record it there).
+COMMIT_KEYS: tuple[tuple[str, ...], ...] = (("code",), ("commit",), ("config", "code"))
+
+#: Top-level folders that are the same on every Linux machine: a path under them names no
+#: machine and is kept as it is.
+SYSTEM_ROOTS = frozenset({"usr", "bin", "sbin", "lib", "lib32", "lib64", "etc", "dev", "proc",
+                          "sys"})
+
+#: Top-level folders where machines keep their own files (besides those of the machine a
+#: rewriting runs on): a path under them names the machine it ran on.
+MACHINE_ROOTS = frozenset({"work", "workspace", "opt", "mnt", "media", "srv", "data", "scratch",
+                           "var", "content", "Volumes", "private"})
+
+#: An absolute POSIX path inside any text: a ``/`` that does not continue a word, a relative
+#: path, a URL (``http://host/x``), ``~/``, ``../`` or a marker this module wrote (``<tmp>/``),
+#: then path characters up to a space, a quote, a colon, a comma, a bracket ...
+_PATH_TOKEN = re.compile(r"(?<![\w.~/:<>@-])/[\w.+@%~-]+(?:/[\w.+@%~-]*)*")
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def result_commit(result: Any) -> str | None:
+    """The commit a result JSON says it was measured at (see :data:`COMMIT_KEYS`), or None
+    where it names none or only ``unknown`` (measured outside a git checkout)."""
+    for keys in COMMIT_KEYS:
+        value = result
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, str) and value and not value.startswith("unknown"):
+            return value
+    return None
+
+
+def _below(path: str, base: str) -> str | None:
+    """``path`` relative to the folder ``base`` ("" for ``base`` itself), or None outside."""
+    base = base.rstrip("/")
+    if not base or path == base:
+        return "" if base else None
+    return path[len(base) + 1:] if path.startswith(base + "/") else None
+
+
+def _machine_free_path(path: str, root: Path) -> str:
+    """One absolute path by :func:`portable_text`'s rules."""
+    if path.endswith(".") and len(path) > 2 and path[-2] not in "./":
+        return _machine_free_path(path[:-1], root) + "."  # the full stop of a sentence
+    marked: list[tuple[str, str]] = [(str(root), "."), (str(root.parent / "shared"), "../shared")]
+    marked += [(tmp, "<tmp>") for tmp in
+               sorted({tempfile.gettempdir(), "/tmp", "/var/tmp"}, key=len, reverse=True)]
+    try:
+        home = str(Path.home())
+    except RuntimeError:  # no home folder known
+        home = ""
+    if home.count("/") >= 2 or home == "/root":  # not "/" itself
+        marked.append((home, "~"))
+    if user_home := re.match(r"/(?:home|Users)/[^/]+|/root(?=/|$)", path):
+        marked.append((user_home.group(0), "~"))
+    for base, label in marked:
+        rest = _below(path, base)
+        if rest is not None:
+            if label == ".":
+                return rest or "."
+            return f"{label}/{rest}" if rest else label
+    parts = [part for part in path.split("/") if part]
+    if len(parts) < 2 or parts[0] in SYSTEM_ROOTS or parts[0] in (".", "..") or not (
+            parts[0] in MACHINE_ROOTS or os.path.isdir(f"/{parts[0]}")):
+        return path
+    return f"<elsewhere>/{parts[-1]}"
+
+
+def portable_text(text: str, root: Path = ROOT) -> str:
+    """``text`` with every absolute path in it (the whole string, or inside a command or an
+    error message) rewritten so that it names no machine, the rest of the text unchanged.
+
+    A result JSON is read on other machines and committed: a path of the machine it ran on
+    (``/work/main/saves/x``, ``/tmp/probe_k3j2/...``, a home folder) means nothing there and
+    says who ran it where. The rules, first match wins:
+
+    * under the checkout ``root``: relative to it (``saves/x``; the checkout itself is ``.``);
+    * under its sibling ``../shared`` (the shared data folder): ``../shared/...``;
+    * under the temporary folder (``tempfile.gettempdir()``, ``/tmp``, ``/var/tmp``):
+      ``<tmp>/...``, the rest kept (the folder was the run's scratch space and is gone);
+    * under a home folder (``$HOME``, ``/home/<user>``, ``/Users/<user>``, ``/root``):
+      ``~/...``, the user's name dropped;
+    * under a folder that is the same on every Linux machine (:data:`SYSTEM_ROOTS`: ``/usr``,
+      ``/dev``, ``/proc`` ...): unchanged;
+    * not a path at all: a single component (``/s`` in "tokens /s"), or a top folder that
+      neither this machine has nor machines commonly keep files in (:data:`MACHINE_ROOTS`),
+      such as the HTTP route in "POST /admin/reload_encoder": unchanged;
+    * any other path of the machine (``/opt/venv/bin/python3``, a sibling of the checkout
+      like ``/work/runs/x.json``): ``<elsewhere>/<its name>``: only the file's name is kept,
+      and the marker says it lay outside the checkout there.
+
+    Only POSIX paths are recognised; the rewriting is idempotent (a rewritten text is
+    unchanged by a second pass)."""
+    return _PATH_TOKEN.sub(lambda match: _machine_free_path(match.group(0), root), text)
+
+
+def portable(value: Any, root: Path = ROOT) -> Any:
+    """``value`` (a JSON value: dicts, lists, strings, numbers ...) with every string, a dict's
+    keys included, passed through :func:`portable_text`; a new value, ``value`` is left as it
+    is (a bench goes on using its absolute paths). A ``Path`` becomes its portable string;
+    numbers, booleans and None are returned as they are."""
+    if isinstance(value, dict):
+        return {portable(key, root): portable(item, root) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(item, root) for item in value]
+    if isinstance(value, PurePath):
+        return portable_text(os.fspath(value), root)
+    if isinstance(value, str):
+        return portable_text(value, root)
+    return value
+
+
+def portable_json_text(text: str, root: Path = ROOT) -> str:
+    """The JSON document ``text`` with :func:`portable_text` applied to each of its strings,
+    everything else byte for byte as it was (layout, numbers as written, the escapes of the
+    strings that hold no path): the committed result files are made portable in place, and a
+    test checks that each is already (``portable_json_text(text) == text``)."""
+    def rewrite(match: re.Match[str]) -> str:
+        value = json.loads(match.group(0))
+        new = portable_text(value, root)
+        return match.group(0) if new == value else json.dumps(new, ensure_ascii=False)
+    return _JSON_STRING.sub(rewrite, text)
+
+
+def without_commit(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` without the commit :func:`write_result` stamped on it: a bench that merges a
+    part re-run alone into its earlier JSON drops the earlier stamp, so the file is stamped
+    with the current commit, the newest code any of its parts was measured at."""
+    return {key: value for key, value in result.items() if key not in ("code", "code_source")}
+
+
+def write_result(path: str | Path, result: dict[str, Any], script: str, *,
+                 code: str | None = None, code_source: str | None = None,
+                 indent: int | None = 2) -> dict[str, Any]:
+    """Write a bench's result JSON (atomically) as every JSON under ``bench/results`` is kept:
+    its paths machine-free (:func:`portable`) and naming the commit it was measured at.
+
+    A figure is only comparable with another, or reproducible, when one knows the code that
+    produced it; and a committed result must not depend on, nor disclose, the machine it ran
+    on. Where ``result`` names no commit (:func:`result_commit`), ``"code"`` is added:
+    ``code``, or ``code_version(script)`` (the checkout's commit, ``+dirty`` when the library,
+    the evaluation or ``script`` has uncommitted changes); ``code_source`` says where a
+    ``code`` given here comes from when it is not the checkout's own. ``result`` itself is
+    not changed; the written value is returned."""
+    kept = portable(result)
+    if result_commit(kept) is None:
+        kept["code"] = code if code is not None else code_version(script)
+        if code_source is not None:
+            kept["code_source"] = code_source
+    atomic_write_json(path, kept, indent=indent)
+    return kept
 
 
 def rollout_limits(mappo_config: str) -> list[str]:
@@ -223,13 +387,15 @@ def restore_archived_stages(work: Path, archive: Path) -> list[str]:
     return restored
 
 
-def archive_stages(work: Path, archive: Path) -> None:
+def archive_stages(work: Path, archive: Path, script: str = "bench/bench_runs.py") -> None:
     """Copy every finished stage's result of ``work`` into ``archive`` (see
-    :func:`restore_archived_stages`)."""
+    :func:`restore_archived_stages`), through :func:`write_result`: the archive is committed,
+    so its paths become machine-free (a stage's ``code`` is already in it; ``script`` is the
+    bench, for a stage result that lacks one)."""
     for result in sorted(work.glob(f"*/{RESULT}")):
         kept = archive / result.parent.name / RESULT
         kept.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(result, kept)
+        write_result(kept, json.loads(result.read_text()), script)
 
 
 def training_tail(output: Path, keep: Callable[[str], bool], last: int = 3) -> dict[str, float]:

@@ -50,6 +50,7 @@ from bench_runs import (
     train,
     training_tail,
     variant_suffix,
+    write_result,
 )
 
 from mmoa.fileio import atomic_write_json, atomic_write_jsonl, read_jsonl
@@ -196,11 +197,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         runs[name] = stage(work, name, rl, SCRIPT)
         print(f"[{name}] {_line(runs[name])}", flush=True)
         if args.json_out:
-            atomic_write_json(ROOT / args.json_out, public(result))
+            write_result(ROOT / args.json_out, public(result), SCRIPT)
     if args.sampled_eval:
         result["sampled"] = sampled_runs(args, work, list(runs))
         if args.json_out:
-            atomic_write_json(ROOT / args.json_out, public(result))
+            write_result(ROOT / args.json_out, public(result), SCRIPT)
     return public(result)
 
 

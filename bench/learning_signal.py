@@ -73,6 +73,7 @@ from bench_runs import (
     run_logged,
     train,
     training_tail,
+    write_result,
 )
 
 from mmoa.fileio import atomic_write_json
@@ -451,7 +452,7 @@ def _record(args: argparse.Namespace, result: dict[str, Any], started: float) ->
     leaves its figures)."""
     _refresh(result, started)
     if args.json_out:
-        atomic_write_json(args.json_out, result)
+        write_result(args.json_out, result, "bench/learning_signal.py")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

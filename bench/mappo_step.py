@@ -367,9 +367,9 @@ def main() -> None:
               f" vs separate copy {memory['separate_reference_copy_mb']} MB "
               f"(+{memory['reference_parameters_mb']} MB of parameters)")
     if args.json_out:
-        from mmoa.fileio import atomic_write_json
+        from bench_runs import write_result  # a sibling: bench/ is first on sys.path
 
-        atomic_write_json(args.json_out, result)
+        write_result(args.json_out, result, "bench/mappo_step.py")
 
 
 def _generate_per_token(figures: dict) -> float:

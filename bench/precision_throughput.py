@@ -99,9 +99,9 @@ def main() -> None:
     print(f"auto precision here: {result['auto_resolves_to']} "
           f"(native bf16 on this CPU: {result['cpu_native_bf16']})")
     if args.json_out:
-        from mmoa.fileio import atomic_write_json
+        from bench_runs import write_result  # a sibling: bench/ is first on sys.path
 
-        atomic_write_json(args.json_out, result)
+        write_result(args.json_out, result, "bench/precision_throughput.py")
 
 
 if __name__ == "__main__":

@@ -41,8 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "LLaMA-Factory" / "src"))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the server sets it (run_server.sh)
 
+from bench_runs import write_result  # noqa: E402
+
 import mmoa  # noqa: E402,F401  (offline environment)
-from mmoa.fileio import atomic_write_json  # noqa: E402
 
 # ------------------------------------------------------------------------------ helpers
 
@@ -359,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(results, indent=2))
     print(table(results))
     if args.json_out:
-        atomic_write_json(args.json_out, results)
+        write_result(args.json_out, results, "bench/retrieval.py")
     return 0
 
 

@@ -44,6 +44,7 @@ from bench_runs import (
     paired_gain,
     print_result,
     train,
+    write_result,
 )
 
 from mmoa.fileio import atomic_write_json
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"[{arm}] seed {seed}: {_line(done['measure'])}", flush=True)
             result["arms"][arm]["runs"][seed] = done
             if args.json_out:
-                atomic_write_json(ROOT / args.json_out, _public(result))
+                write_result(ROOT / args.json_out, _public(result), "bench/retriever_rl.py")
     return _public(result)
 
 

@@ -58,6 +58,7 @@ from bench_runs import (
     train,
     training_tail,
     variant_suffix,
+    write_result,
 )
 
 from mmoa.fileio import atomic_write_json
@@ -207,7 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     def record(name: str) -> None:
         print(f"[{name}] {_line(runs[name])}", flush=True)
         if args.json_out:
-            atomic_write_json(ROOT / args.json_out, public(result))
+            write_result(ROOT / args.json_out, public(result), SCRIPT)
 
     warm = {arm: work / f"sft-{arm}" / "model" for arm in ARMS}
 

@@ -130,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report, indent=2))
     print(_table(report))
     if args.json_out:
-        from mmoa.fileio import atomic_write_json
+        from bench_runs import write_result  # a sibling: bench/ is first on sys.path
 
-        atomic_write_json(args.json_out, report)
+        write_result(args.json_out, report, "bench/selector_decoding.py")
     return 0
 
 

@@ -65,8 +65,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "LLaMA-Factory" / "src"))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the server sets it (run_server.sh)
 
+from bench_runs import without_commit, write_result  # noqa: E402
+
 import mmoa  # noqa: E402,F401  (offline environment)
-from mmoa.fileio import atomic_write_json  # noqa: E402
 
 #: Limits of the probed server (the defaults of ``flask_server.py``, named so that the
 #: catalogue can aim just past them).
@@ -1371,7 +1372,8 @@ def main(argv: list[str] | None = None) -> int:
             }
     if args.only and args.json_out and args.json_out.is_file():
         # a part re-run alone: the other parts' figures stay as they were measured
-        result = {**json.loads(args.json_out.read_text()), **result}
+        # stamped anew on writing: the current commit, the newest code a part was measured at
+        result = {**without_commit(json.loads(args.json_out.read_text())), **result}
     brief = {k: v for k, v in result.items() if k not in ("catalogue", "reload_under_load")}
     if "catalogue" in result:
         brief["catalogue"] = {k: v for k, v in result["catalogue"].items() if k != "probes"}
@@ -1381,7 +1383,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(brief, indent=1))
     print_table(result)
     if args.json_out:
-        atomic_write_json(args.json_out, result)
+        write_result(args.json_out, result, "bench/server_probe.py")
     return 0
 
 

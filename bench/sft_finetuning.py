@@ -135,9 +135,9 @@ def main() -> None:
         print(f"{row['variant']:<8}{row['seconds_per_step']:>9.2f}{row['peak_rss_mib']:>14.1f}"
               f"{row['trainable_parameters']:>13,}{row['final_loss'] or float('nan'):>12.4f}")
     if args.json_out:
-        from mmoa.fileio import atomic_write_json
+        from bench_runs import write_result  # a sibling: bench/ is first on sys.path
 
-        atomic_write_json(args.json_out, report)
+        write_result(args.json_out, report, "bench/sft_finetuning.py")
 
 
 if __name__ == "__main__":

@@ -119,9 +119,8 @@ from bench_runs import (
     run_logged,
     stage,
     train,
+    write_result,
 )
-
-from mmoa.fileio import atomic_write_json
 
 SCRIPT = "bench/side_by_side.py"
 SCHEMA = 1
@@ -543,10 +542,10 @@ class SideBySide:
                 continue
             self.rows[name] = self.run_row(name)
             add_paired(result)
-            atomic_write_json(self.json_path, result)
+            write_result(self.json_path, result, SCRIPT)
             print(f"[{name}] {row_line(self.rows[name])}", flush=True)
         add_paired(result)
-        atomic_write_json(self.json_path, result)
+        write_result(self.json_path, result, SCRIPT)
         return result
 
     def run_row(self, name: str) -> dict[str, Any]:

@@ -51,16 +51,17 @@ from bench_runs import (
     mmoa_cli,
     paired_gain,
     per_question_f1,
+    portable,
     print_result,
     restore_archived_stages,
     rollout_limits,
     run_logged,
     stage,
     train,
+    write_result,
 )
 
 from mmoa.data.registry import read_dataset_info, register_datasets
-from mmoa.fileio import atomic_write_json
 
 SFT_CONFIG = "LLaMA-Factory/examples/demo/smollm2_full_sft.yaml"
 MAPPO_CONFIG = "LLaMA-Factory/examples/demo/smollm2_full_mappo.yaml"
@@ -110,15 +111,15 @@ def archive_datasets(args: argparse.Namespace, archive: Path) -> None:
         entries[name] = info[name]
         source = DATASET_DIR / info[name]["file_name"]
         (folder / f"{source.name}.gz").write_bytes(gzip.compress(source.read_bytes(), mtime=0))
-    atomic_write_json(folder / "dataset_info.json", entries)
+    write_result(folder / "dataset_info.json", entries, SCRIPT)
 
 
 def restore_datasets(args: argparse.Namespace, archive: Path) -> None:
     """Write back and register the archived datasets the dataset folder lacks."""
     folder = archive / "datasets"
     entries = json.loads((folder / "dataset_info.json").read_text())
-    missing = {name: entry for name, entry in entries.items()
-               if not (DATASET_DIR / entry["file_name"]).is_file()}
+    missing = {name: entry for name, entry in entries.items()  # not the "code" it was made at
+               if isinstance(entry, dict) and not (DATASET_DIR / entry["file_name"]).is_file()}
     for entry in missing.values():
         target = DATASET_DIR / entry["file_name"]
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -190,9 +191,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               "data": data, "warm_starts": {}}
 
     def record() -> None:
-        archive_stages(work, archive)
+        archive_stages(work, archive, SCRIPT)
         if args.json_out:
-            atomic_write_json(ROOT / args.json_out, public(result))
+            write_result(ROOT / args.json_out, public(result), SCRIPT)
 
     record()
     for seed in args.seeds:  # every dataset's first seed before any second seed
@@ -206,7 +207,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.mappo:
         best = best_dataset(result)
         name = f"sft-{best}-seed{args.seeds[0]}"
-        model = Path(result["warm_starts"][name]["model"]) / "model.safetensors"
+        # relative to the checkout in an archived result (see bench_runs.write_result)
+        model = ROOT / result["warm_starts"][name]["model"] / "model.safetensors"
         if not (work / "mappo" / RESULT).is_file() and not model.is_file():
             (work / name / RESULT).unlink()  # restored from the archive: train it again
             result["warm_starts"][name] = stage(
@@ -248,7 +250,9 @@ def public(result: dict[str, Any]) -> dict[str, Any]:
                       if any(r["dataset"] == d for r in starts.values())}
     if "mappo" in result:
         run = result["mappo"]
-        warm = next(r for r in starts.values() if r["model"] == run["warm_start"])
+        # one may be read from the archive (portable), the other not
+        warm = next(r for r in starts.values()
+                    if portable(r["model"]) == portable(run["warm_start"]))
         out["mappo"] = {**{k: v for k, v in run.items() if k != "per_question_f1"},
                         "gain_over_warm_start": paired_gain(warm["per_question_f1"],
                                                             run["per_question_f1"])}

@@ -1220,7 +1220,10 @@ def main(argv: list[str] | None = None) -> int:
         results = run_probe(args, work)
     if args.only and args.json_out and Path(args.json_out).is_file():
         # some groups re-run alone: the others keep the figures they were measured with
-        earlier = json.loads(Path(args.json_out).read_text())
+        from bench_runs import without_commit
+
+        # stamped anew on writing: the current commit, the newest code a group was measured at
+        earlier = without_commit(json.loads(Path(args.json_out).read_text()))
         results = {**earlier, **{k: v for k, v in results.items()
                                  if k not in ("setup_seconds", "seconds")},
                    "seconds_" + "_".join(sorted(args.only.split(","))): results["seconds"]}
@@ -1228,9 +1231,9 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(results, indent=2))
     print_table(results["summary"])
     if args.json_out:
-        from mmoa.fileio import atomic_write_json
+        from bench_runs import write_result  # a sibling: bench/ is first on sys.path
 
-        atomic_write_json(args.json_out, results)
+        write_result(args.json_out, results, "bench/trainer_probe.py")
     return 0
 
 

@@ -100,9 +100,9 @@ def main() -> None:
         print(f"{row['variant']:<24} {row['seconds']:>8.2f} "
               f"{row['peak_rss_over_baseline_mib']:>24.1f}")
     if args.json_out:
-        from mmoa.fileio import atomic_write_json
+        from bench_runs import write_result  # a sibling: bench/ is first on sys.path
 
-        atomic_write_json(args.json_out, report)
+        write_result(args.json_out, report, "bench/update_memory.py")
 
 
 if __name__ == "__main__":

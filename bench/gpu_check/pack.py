@@ -472,6 +472,20 @@ def check_size(files: Iterable[Path], base: Path, limit_mib: float = LIMIT_MIB) 
     return total
 
 
+def packed_commit() -> str:
+    """The commit the bundle is packed at (``bench_runs.code_version``; ``+dirty`` with
+    uncommitted changes to the code): the device's copy of the tree may have no git history,
+    and the check's summary names the commit it was measured at (``run_check.py``)."""
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from bench_runs import code_version
+    except ImportError as err:  # packed outside the project's environment
+        print(f"[pack] note: no commit in the manifest ({err})", file=sys.stderr)
+        return "unknown"
+    return code_version("bench/gpu_check")
+
+
 def write_manifest(bundle: Path, decisions: list[Decision], extra: dict) -> dict:
     files = bundle_files(bundle)
     total = sum(p.stat().st_size for p in files)
@@ -568,6 +582,7 @@ def pack(args: argparse.Namespace) -> dict:
             "machine_packages": str(args.machine_packages),
             "modules_probed": sorted(modules), "entry_modules": list(ENTRY_MODULES),
             "log": log, "pack_seconds": round(time.time() - started, 1),
+            "code": packed_commit(),
         })
         if out.exists():
             shutil.rmtree(out)

@@ -984,6 +984,28 @@ def summarise(run: Run) -> dict[str, Any]:
     }
 
 
+def write_summary(path: Path, summary: dict[str, Any], bundle: Path) -> None:
+    """The summary as every result JSON under ``bench/results`` is kept
+    (``bench_runs.write_result``: no path of this machine, the commit named), so that it can be
+    committed as it comes back. The commit is the checkout's where this copy of the tree has
+    git, else the one ``pack.py`` packed the bundle at (its ``manifest.json``). Written as it
+    is, with a warning, when the writer fails: a device run's figures are never lost to it."""
+    try:
+        for folder in (ROOT / "LLaMA-Factory" / "src", ROOT / "bench"):
+            if str(folder) not in sys.path:
+                sys.path.insert(0, str(folder))
+        from bench_runs import code_version, write_result
+
+        code, source = code_version("bench/gpu_check"), None
+        manifest = read_json(bundle / "manifest.json")
+        if code.startswith("unknown") and isinstance(manifest, dict) and manifest.get("code"):
+            code, source = manifest["code"], "the bundle's manifest.json (the commit packed)"
+        write_result(path, summary, "bench/gpu_check", code=code, code_source=source, indent=1)
+    except Exception as err:
+        print(f"[gpu_check] warning: summary written as it is ({err!r})", file=sys.stderr)
+        path.write_text(json.dumps(summary, indent=1) + "\n")
+
+
 def print_table(summary: dict[str, Any]) -> None:
     print(f"\n{'stage':16s} {'status':8s} {'wall s':>7s} {'slice':>6s} {'peak MiB':>9s} "
           f"{'util%':>6s} device")
@@ -1103,7 +1125,7 @@ def main(argv: list[str] | None = None) -> int:
         if run.sampler is not None:
             run.sampler.stop.set()
         summary = summarise(run)
-        (out / "gpu_check_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        write_summary(out / "gpu_check_summary.json", summary, args.bundle)
         try:
             pack_logs(run, out)
         except Exception as err:
