@@ -145,6 +145,11 @@ class Trace:
     qr_parse: SubquestionParse | None = None
     selection_parse: SelectionParse | None = None
     answer_parse: AnswerParse | None = None
+    #: MAPPO's counterfactual credit only (``mappo_counterfactual_agents``): by agent, the same
+    #: pipeline with that agent's output replaced by its default
+    #: (:mod:`mmoa.pipelines.counterfactual`). Empty when the credit is off, and for an agent
+    #: whose output already was its default (this trace is then its own counterfactual).
+    counterfactuals: dict[str, Trace] = field(default_factory=dict)
 
     @property
     def selected_documents(self) -> list[str]:
@@ -263,6 +268,28 @@ class RagPipeline:
         self._generate_answers(traces, use_documents=True, timings=timings)
         self.last_timings = timings
         return traces
+
+    def retrieve_and_select(self, traces: list[Trace]) -> BatchTimings:
+        """Retrieval (one call) and the Selector over traces whose sub-questions are already
+        set, and their seconds: the pipeline after the Query Rewriter, for traces made outside
+        :meth:`run` (MAPPO's counterfactual credit: the question as the only sub-question). The
+        Generator is left to :meth:`answer`, so that traces of several origins share its
+        batch."""
+        timings = BatchTimings()
+        start = time.perf_counter()
+        self._retrieve(traces)
+        timings.retrieve = time.perf_counter() - start
+        start = time.perf_counter()
+        self._select(traces)
+        timings.selector = time.perf_counter() - start
+        return timings
+
+    def answer(self, traces: list[Trace]) -> float:
+        """The Generator over traces whose candidates and selection are already set (their
+        selected documents as context); returns its seconds. See :meth:`retrieve_and_select`."""
+        timings = BatchTimings()
+        self._generate_answers(traces, use_documents=True, timings=timings)
+        return timings.generator
 
     def _retrieve(self, traces: list[Trace]) -> None:
         """One request for every sub-question of the batch, then per-question merging."""

@@ -79,6 +79,9 @@ class Pipeline(Protocol):
     retrieval_k_key: str
     #: Whether training draws ``training_agents.png`` (per-agent statistics of the three agents).
     agent_plot: bool
+    #: The agents whose output the pipeline can replace by a default in its rollout, for the
+    #: counterfactual credit (``mappo_counterfactual_agents``' choices); ``()``: none.
+    counterfactual_agents: tuple[str, ...]
 
     # -- training --------------------------------------------------------------------------------
 

@@ -123,6 +123,7 @@ class DecisionAgentSpec:
     eval_modes: tuple[str, ...] = ("decision_agent",)
     retrieval_k_key = "mappo_decision_top_k"
     agent_plot = False
+    counterfactual_agents: tuple[str, ...] = ()  # one agent: no default to compare
 
     def rollout(self, policy: Any, tokenizer: Any, renderer: PromptRenderer,
                 retriever: DocumentRetriever, args: MappoArguments,

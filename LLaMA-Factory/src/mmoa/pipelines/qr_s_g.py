@@ -6,7 +6,10 @@ Rollout: one batched :class:`~mmoa.agents.pipeline.RagPipeline` run for the whol
 sub-question of the step). Samples: every optimised agent's call of every trace is one PPO
 sample; its score is the shared answer reward plus the agent's own penalty
 (:func:`mmoa.train.mappo.rewards.compute_agent_rewards`), or under a grouped algorithm its
-group advantage (:func:`mmoa.train.mappo.grpo.group_samples`). Evaluation: the full pipeline
+group advantage (:func:`mmoa.train.mappo.grpo.group_samples`). With the counterfactual credit
+(``mappo_counterfactual_agents``) the rollout also runs, batched, each listed agent's
+counterfactual (its output replaced by a default, :mod:`mmoa.pipelines.counterfactual`) and that
+agent's part of the shared reward is its gain over it. Evaluation: the full pipeline
 and its ablations ``g``, ``rag``, ``s_g``, ``qr_g`` (:mod:`mmoa.agents.modes`), with per-agent
 statistics in every row, and the oracle ``gold_g`` (the Generator on the gold passages).
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from mmoa.agents.modes import MODE_AGENTS, MODES, ORACLE_MODES
@@ -25,6 +29,14 @@ from mmoa.agents.prompts import AGENTS  # every step logs each agent's statistic
 from mmoa.data.records import QARecord
 from mmoa.metrics import DEFAULT_PROFILE, score_answer
 from mmoa.pipelines.base import Batch, Evaluator, Timings, register_pipeline
+from mmoa.pipelines.counterfactual import (
+    CF_GENERATOR_STAGE,
+    CF_SELECTOR_STAGE,
+    COUNTERFACTUAL_AGENTS,
+    counterfactual_rewards,
+    run_counterfactuals,
+    uses_default,
+)
 from mmoa.pipelines.scoring import rouge_l, support_precision, support_recall
 
 if TYPE_CHECKING:
@@ -50,6 +62,25 @@ def penalty_config(args: MappoArguments) -> PenaltyConfig:
         generator_penalty=args.mappo_generator_penalty,
         generator_max_words=args.mappo_generator_max_words,
     )
+
+
+def counterfactual_baselines(record: QARecord, trace: Trace, args: MappoArguments
+                             ) -> dict[str, float]:
+    """``agent -> R_cf`` of the trace for ``mappo_counterfactual_agents`` (empty when off):
+    the shared reward, as the trace's own is computed, of each agent's counterfactual answer
+    (:mod:`mmoa.pipelines.counterfactual`)."""
+    from mmoa.train.mappo.rewards import shared_reward
+
+    if not args.counterfactual_agents:
+        return {}
+
+    def reward(answer: str) -> float:
+        return shared_reward(answer, record.answers, metric=args.mappo_reward_metric,
+                             scoring=args.mappo_scoring)
+
+    return counterfactual_rewards(trace, args.counterfactual_agents,
+                                  args.mappo_counterfactual_selector_default, reward,
+                                  reward(trace.answer))
 
 
 def score_trace(record: QARecord, trace: Trace, mode: str,
@@ -89,6 +120,7 @@ class QrSGPipeline:
     eval_modes: tuple[str, ...] = MODES + ORACLE_MODES
     retrieval_k_key = "mappo_top_k"
     agent_plot = True
+    counterfactual_agents = COUNTERFACTUAL_AGENTS
 
     def rollout(self, policy: Any, tokenizer: Any, renderer: PromptRenderer,
                 retriever: DocumentRetriever, args: MappoArguments,
@@ -113,7 +145,15 @@ class QrSGPipeline:
                                k=args.mappo_top_k, settings=settings,
                                batch_size=args.mappo_rollout_batch_size)
         traces = pipeline.run(list(questions), group_size=args.rollouts_per_question)
-        return Batch(traces, Timings(pipeline.last_timings.as_dict()))
+        timings = pipeline.last_timings.as_dict()
+        if args.counterfactual_agents:
+            # after the traces' own sampling, so that the credit leaves the traces as they are
+            pipeline.settings = replace(settings, record_logprobs=False, record_support=False)
+            extra = run_counterfactuals(pipeline, traces, args.counterfactual_agents,
+                                        args.mappo_counterfactual_selector_default)
+            for stage, seconds in extra.items():
+                timings[stage] = timings.get(stage, 0.0) + seconds
+        return Batch(traces, Timings(timings))
 
     def rollout_stages(self, args: MappoArguments, questions: int) -> tuple[RolloutStage, ...]:
         """Each agent generates one row per pipeline (a question, or one of its group's
@@ -122,7 +162,14 @@ class QrSGPipeline:
 
         copies = args.rollouts_per_question
         unit = "question" if copies == 1 else "rollout"
-        return tuple(RolloutStage(agent, questions * copies, unit) for agent in AGENTS)
+        stages = [RolloutStage(agent, questions * copies, unit) for agent in AGENTS]
+        agents = args.counterfactual_agents
+        if "qr" in agents:  # at most: an output that is its default has no counterfactual
+            stages.append(RolloutStage(CF_SELECTOR_STAGE, questions * copies, unit, exact=False))
+        if agents:
+            stages.append(RolloutStage(CF_GENERATOR_STAGE, questions * copies * len(agents),
+                                       unit, exact=False))
+        return tuple(stages)
 
     def samples(self, records: Sequence[QARecord], traces: Sequence[Trace],
                 args: MappoArguments) -> tuple[list[Sample], dict[str, float]]:
@@ -131,7 +178,11 @@ class QrSGPipeline:
         with its group advantage."""
         import numpy as np
 
-        from mmoa.train.mappo.agent_stats import candidate_gold_recall, step_agent_stats
+        from mmoa.train.mappo.agent_stats import (
+            candidate_gold_recall,
+            counterfactual_stats,
+            step_agent_stats,
+        )
         from mmoa.train.mappo.grpo import PipelineOutcome, group_samples
         from mmoa.train.mappo.rewards import compute_agent_rewards, retrieval_bonus
         from mmoa.train.mappo.samples import Sample
@@ -140,6 +191,7 @@ class QrSGPipeline:
         samples: list[Sample] = []
         outcomes: list[PipelineOutcome] = []
         logs: dict[str, list[float]] = defaultdict(list)
+        credit: dict[str, list[float]] = defaultdict(list)  # agent -> R_cf per trace
         copies = args.rollouts_per_question
         repeated = [record for record in records for _ in range(copies)]
         agents = args.optimized_agents
@@ -151,11 +203,15 @@ class QrSGPipeline:
                                    "parsed output")
             bonus = retrieval_bonus(candidate_gold_recall(record, trace) if "qr" in agents
                                     else None, args.mappo_qr_retrieval_reward)
+            baselines = counterfactual_baselines(record, trace, args)
             rewards = compute_agent_rewards(
                 trace.qr_parse, trace.selection_parse, trace.answer_parse, trace.answer,
                 record.answers, config=penalties, metric=args.mappo_reward_metric,
-                scoring=args.mappo_scoring, bonuses={} if bonus is None else {"qr": bonus})
+                scoring=args.mappo_scoring, bonuses={} if bonus is None else {"qr": bonus},
+                baselines=baselines)
             logs["answer_f1"].append(rewards.shared)
+            for agent, value in baselines.items():
+                credit[agent].append(value)
             if bonus is not None:
                 logs["retrieval_reward/qr"].append(bonus)
             for agent in AGENTS:
@@ -171,7 +227,8 @@ class QrSGPipeline:
                     shared=rewards.shared,
                     penalties={a: rewards.penalty(a) for a in agents},
                     supports={a: trace.calls[a].support for a in agents
-                              if trace.calls[a].support is not None}))
+                              if trace.calls[a].support is not None},
+                    baselines=dict(baselines)))
                 continue
             for agent in agents:
                 call = trace.calls[agent]
@@ -181,6 +238,9 @@ class QrSGPipeline:
         summary = {k: float(np.mean(v)) for k, v in logs.items()}
         # gold recall / precision of the selection, candidate recall, answer words
         summary.update(step_agent_stats(repeated, traces))
+        summary.update(counterfactual_stats(logs["answer_f1"], credit, {
+            agent: [uses_default(agent, t, args.mappo_counterfactual_selector_default)
+                    for t in traces] for agent in credit}))
         if grouped:
             samples, group_logs = group_samples(outcomes, copies, agents, args.group_advantage,
                                                 args.group_filter)

@@ -203,6 +203,7 @@ class SearchAgentSpec:
     eval_modes: tuple[str, ...] = ("search_agent",)
     retrieval_k_key = "mappo_search_top_k"
     agent_plot = False
+    counterfactual_agents: tuple[str, ...] = ()  # one agent: no default to compare
 
     def rollout(self, policy: Any, tokenizer: Any, renderer: PromptRenderer,
                 retriever: DocumentRetriever, args: MappoArguments,

@@ -24,6 +24,12 @@ evaluation's ``S rec%`` / ``cand rec%`` columns mean the same thing:
 
 A record without gold passages is left out of a gold mean, a selection of no document out of
 the precision mean; a key no record of the step could give is not logged at all.
+
+With the counterfactual credit (``mappo_counterfactual_agents``), :func:`counterfactual_stats`
+adds per agent how its output compared with its default's (``cf_reward/<agent>``,
+``cf_gain/<agent>``, ``cf_beat/<agent>``, ``cf_tie/<agent>``, ``cf_lost/<agent>``,
+``cf_default/<agent>``): a Selector that keeps a constant ties or loses on every question; one
+that learnt a per-question choice beats its default on some.
 """
 
 from __future__ import annotations
@@ -106,6 +112,52 @@ def step_agent_stats(records: Sequence[QARecord], traces: Sequence[Trace]) -> di
         **empty_selection_stats(traces),
     }
     return {key: value for key, value in means.items() if value is not None}
+
+
+#: The per-agent statistics of the counterfactual credit, each logged as ``<stat>/<agent>``.
+COUNTERFACTUAL_STATS: tuple[str, ...] = ("cf_reward", "cf_gain", "cf_beat", "cf_tie", "cf_lost",
+                                         "cf_default")
+#: Two rewards closer than this are a tie (F1 of the same answer computed twice is equal; this
+#: only absorbs float noise).
+TIE_TOLERANCE = 1e-9
+
+
+def counterfactual_log_keys(agents: Sequence[str]) -> list[str]:
+    """The keys :func:`counterfactual_stats` logs for ``agents`` (the trainer log carries them,
+    so a running job shows them)."""
+    return [f"{stat}/{agent}" for agent in agents for stat in COUNTERFACTUAL_STATS]
+
+
+def counterfactual_stats(rewards: Sequence[float],
+                         counterfactual: Mapping[str, Sequence[float]],
+                         defaults_used: Mapping[str, Sequence[bool]]) -> dict[str, float]:
+    """Per agent of ``counterfactual`` (``agent -> R_cf`` per trace, beside the traces' own
+    rewards ``rewards``): the mean counterfactual reward (``cf_reward``), the mean gain
+    ``R - R_cf`` (``cf_gain``), the shares of traces whose output beat, tied or lost to its
+    default (``cf_beat`` / ``cf_tie`` / ``cf_lost``, summing to 1) and the share whose output
+    was its default (``cf_default``, ties by construction, and no generation spent).
+
+    Why the shares and not only the gain: a mean gain near 0 is both "always the default" and
+    "better on half the questions, worse on the other half"; the shares tell a constant from a
+    per-question choice."""
+    stats: dict[str, float] = {}
+    for agent, values in counterfactual.items():
+        if len(values) != len(rewards) or len(defaults_used[agent]) != len(rewards):
+            raise ValueError(f"{len(values)} counterfactual rewards of {agent!r} for "
+                             f"{len(rewards)} traces")
+        if not rewards:
+            continue
+        gains = [r - cf for r, cf in zip(rewards, values, strict=True)]
+        count = len(gains)
+        stats.update({
+            f"cf_reward/{agent}": sum(values) / count,
+            f"cf_gain/{agent}": sum(gains) / count,
+            f"cf_beat/{agent}": sum(g > TIE_TOLERANCE for g in gains) / count,
+            f"cf_tie/{agent}": sum(abs(g) <= TIE_TOLERANCE for g in gains) / count,
+            f"cf_lost/{agent}": sum(g < -TIE_TOLERANCE for g in gains) / count,
+            f"cf_default/{agent}": sum(map(bool, defaults_used[agent])) / count,
+        })
+    return stats
 
 
 # -- the drift monitor ---------------------------------------------------------------------------

@@ -55,6 +55,8 @@ PIPELINE_ALIASES = {"smart_rag": "decision_agent", "smartrag": "decision_agent"}
 ALIASES = {"mmoa_pipeline": "mappo_pipeline"}
 #: ``mappo_grpo_filter``: what happens to the groups whose rollouts all scored the same.
 GRPO_FILTERS: tuple[str, ...] = ("none", "skip")
+#: Keys of comma-separated names that a config may also give as a YAML list.
+LIST_KEYS: tuple[str, ...] = ("mappo_counterfactual_agents",)
 
 
 def parse_agent_values(text: str, key: str, *, allow_zero: bool = True) -> dict[str, float]:
@@ -275,6 +277,20 @@ class MappoArguments:
                           "the K candidates its sub-questions retrieved (training data with "
                           "gold passages only; qr_s_g, value-head algorithms). 0: off, the "
                           "paper's shared reward alone."})
+    mappo_counterfactual_agents: str = field(
+        default="",
+        metadata={"help": "Counterfactual credit (qr_s_g): comma-separated agents among qr, "
+                          "selector (a YAML list also works) whose part of the shared reward is "
+                          "their gain R - R_cf over the same pipeline, in the same rollout, with "
+                          "their output replaced by a default (qr: the question as the only "
+                          "sub-question; selector: mappo_counterfactual_selector_default). Each "
+                          "must be optimised (mappo_agents). Empty: off, the shared reward."})
+    mappo_counterfactual_selector_default: str = field(
+        default="all",
+        metadata={"help": "The Selector's default for its counterfactual credit: all (every "
+                          "candidate: the gain over the pipeline without a Selector, s3's gain "
+                          "beyond RAG) or top1 (the top candidate: the gain over the constant "
+                          "a collapsed Selector keeps). The expected gradient is the same."})
     mappo_selector_penalty: float = defaults.SELECTOR_PENALTY
     mappo_generator_penalty: float = defaults.GENERATOR_PENALTY
     mappo_generator_max_words: int = defaults.GENERATOR_MAX_WORDS
@@ -392,6 +408,7 @@ class MappoArguments:
                              "mappo_constrained_selector: true")
         self._check_ranges()
         self._check_algorithm()
+        self._check_counterfactual()
         if self.mappo_adapter_per_agent and self.is_multiturn:
             raise ValueError(f"mappo_adapter_per_agent gives each agent of the qr_s_g pipeline "
                              f"its own adapter; mappo_pipeline: {self.mappo_pipeline} has one "
@@ -487,6 +504,36 @@ class MappoArguments:
         if high is not None and not (math.isfinite(high) and high > 0):
             raise ValueError(f"mappo_cliprange_high must be a finite number > 0, got {high}")
 
+    def _check_counterfactual(self) -> None:
+        """The counterfactual credit's agents: each one the pipeline has a default for, named
+        once and optimised (a counterfactual of an agent that does not learn would be generated
+        for nothing); the Selector's default one of its choices."""
+        from mmoa.pipelines.counterfactual import SELECTOR_DEFAULTS
+
+        key = "mappo_counterfactual_agents"
+        if self.mappo_counterfactual_selector_default not in SELECTOR_DEFAULTS:
+            raise ValueError(f"mappo_counterfactual_selector_default must be one of "
+                             f"{', '.join(SELECTOR_DEFAULTS)}, got "
+                             f"{self.mappo_counterfactual_selector_default!r}")
+        agents = self.counterfactual_agents
+        choices = tuple(self.pipeline.counterfactual_agents)
+        if agents and not choices:
+            raise ValueError(f"{key}: mappo_pipeline: {self.mappo_pipeline} has no agent whose "
+                             f"output has a default; leave it empty")
+        if any(a not in choices for a in agents) or len(set(agents)) != len(agents):
+            raise ValueError(f"{key} must name agents among {', '.join(choices)}, each at most "
+                             f"once, got {self.mappo_counterfactual_agents!r}")
+        idle = [a for a in agents if a not in self.optimized_agents]
+        if idle:
+            raise ValueError(f"{key} names {', '.join(idle)}, which mappo_agents does not "
+                             f"optimise: its counterfactual would be generated for nothing")
+
+    @property
+    def counterfactual_agents(self) -> tuple[str, ...]:
+        """``mappo_counterfactual_agents`` as a tuple (empty: the credit is off)."""
+        return tuple(a.strip() for a in self.mappo_counterfactual_agents.split(",")
+                     if a.strip())
+
     @property
     def agent_kl_scales(self) -> dict[str, float]:
         """``mappo_agent_kl_scale`` as ``{agent: multiplier}`` (agents not named: 1)."""
@@ -567,6 +614,10 @@ def split_mappo_args(config: dict[str, Any]) -> tuple[MappoArguments, dict[str, 
             f"unknown MAPPO keys: {', '.join(unknown)} (known: {', '.join(sorted(known))})"
         )
     rest = {k: v for k, v in config.items() if not k.startswith(PREFIX)}
+    for key in LIST_KEYS:  # a YAML list of names is the comma string
+        if isinstance(ours.get(key), list) \
+                and all(isinstance(item, str) for item in ours[key]):
+            ours[key] = ",".join(ours[key])
     hints = typing.get_type_hints(MappoArguments)
     return MappoArguments(**{k: typed_value(k, v, hints[k]) for k, v in ours.items()}), rest
 

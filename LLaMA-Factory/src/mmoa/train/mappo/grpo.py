@@ -38,6 +38,15 @@ class PipelineOutcome:
     #: ``agent -> support`` of a response sampled under a logits mask (see
     #: :attr:`mmoa.train.mappo.samples.Sample.support`); an agent absent here: whole vocabulary.
     supports: dict[str, list[list[int]]] = field(default_factory=dict)
+    #: ``agent -> R_cf``, the counterfactual reward of the agent's default
+    #: (``mappo_counterfactual_agents``): the agent's group is then over its gains
+    #: ``shared - R_cf``; an agent absent here: over ``shared``.
+    baselines: dict[str, float] = field(default_factory=dict)
+
+    def shared_for(self, agent: str) -> float:
+        """The reward ``agent``'s group advantage is computed from: ``shared``, or its gain over
+        its counterfactual default."""
+        return self.shared - self.baselines.get(agent, 0.0)
 
 
 def group_samples(outcomes: Sequence[PipelineOutcome], group_size: int,
@@ -52,9 +61,12 @@ def group_samples(outcomes: Sequence[PipelineOutcome], group_size: int,
     ``advantage = grpo_advantages(shared, penalties)`` of its pipeline and agent, where the
     group advantage ``normalise`` is a registered group advantage (``mean_std``: GRPO,
     ``mean``: Dr. GRPO, ``rloo``; :data:`~mmoa.train.mappo.algorithms.GROUP_ADVANTAGES`).
+    An agent with a counterfactual baseline (:attr:`PipelineOutcome.baselines`) has its own
+    group, over its gains ``shared - R_cf``, and its score is its gain plus its penalty.
 
     ``filter_mode="skip"`` leaves out the samples of the zero-variance groups (all ``G`` shared
-    rewards equal) whose advantage is exactly 0, i.e. those whose own penalty did not fire:
+    rewards equal; for an agent with a baseline, all its gains equal) whose advantage is
+    exactly 0, i.e. those whose own penalty did not fire:
     they would only dilute the mini-batches' averages and cost a forward and backward pass.
     A penalised sample of such a group is kept, as its penalty is a signal of its own.
 
@@ -71,9 +83,7 @@ def group_samples(outcomes: Sequence[PipelineOutcome], group_size: int,
                          f"{', '.join(GROUP_ADVANTAGES)}")
     groups = [outcomes[i: i + group_size] for i in range(0, len(outcomes), group_size)]
     shared = [[o.shared for o in group] for group in groups]
-    penalties = [[[o.penalties[a] for a in agents] for o in group] for group in groups]
-    advantages = add_agent_penalties(GROUP_ADVANTAGES[normalise](
-        torch.as_tensor(shared, dtype=torch.float64)), penalties)
+    advantages, flat_by_agent = _agent_advantages(groups, agents, normalise)
     flat = zero_variance_groups(shared)
     samples: list[Sample] = []
     skipped = 0
@@ -81,12 +91,13 @@ def group_samples(outcomes: Sequence[PipelineOutcome], group_size: int,
         for g, outcome in enumerate(group):
             for a, agent in enumerate(agents):
                 advantage = float(advantages[q, g, a])
-                if filter_mode == "skip" and bool(flat[q]) and advantage == 0.0:
+                if filter_mode == "skip" and bool(flat_by_agent[q, a]) and advantage == 0.0:
                     skipped += 1
                     continue
                 prompt_ids, response_ids, sampled = outcome.calls[agent]
                 samples.append(Sample(agent, prompt_ids, response_ids,
-                                      outcome.shared + outcome.penalties[agent], sampled,
+                                      outcome.shared_for(agent) + outcome.penalties[agent],
+                                      sampled,
                                       advantage=advantage,
                                       loss_mask=outcome.loss_masks.get(agent),
                                       support=outcome.supports.get(agent)))
@@ -99,3 +110,26 @@ def group_samples(outcomes: Sequence[PipelineOutcome], group_size: int,
         "grpo/skipped_samples": float(skipped),
     }
     return samples, logs
+
+
+def _agent_advantages(groups: Sequence[Sequence[PipelineOutcome]], agents: Sequence[str],
+                      normalise: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([Q, G, A] advantages, [Q, A] zero-variance flags)``: each agent's group advantage of
+    its rewards plus its own penalty.
+
+    Without counterfactual baselines every agent shares one ``[Q, G]`` reward matrix and one
+    group advantage (computed once, as before). With them, each agent's group is over its own
+    rewards (``shared - R_cf`` for an agent with a baseline): under ``mean_std`` the spread that
+    divides is the agent's own, and a group is "flat" for an agent when its rewards are."""
+    penalties = [[[o.penalties[a] for a in agents] for o in group] for group in groups]
+    if not any(o.baselines for group in groups for o in group):
+        shared = [[o.shared for o in group] for group in groups]
+        flat = zero_variance_groups(shared)
+        return (add_agent_penalties(GROUP_ADVANTAGES[normalise](
+            torch.as_tensor(shared, dtype=torch.float64)), penalties),
+            flat.unsqueeze(-1).expand(len(groups), len(agents)))
+    per_agent = [[[o.shared_for(agent) for o in group] for group in groups] for agent in agents]
+    base = torch.stack([GROUP_ADVANTAGES[normalise](torch.as_tensor(rewards, dtype=torch.float64))
+                        for rewards in per_agent], dim=-1)
+    flat = torch.stack([zero_variance_groups(rewards) for rewards in per_agent], dim=-1)
+    return base + torch.as_tensor(penalties, dtype=torch.float64), flat

@@ -4,7 +4,9 @@ Every agent's score is ``R_shared + P_agent``: the shared reward is a QA metric 
 answer (F1 by default, through :mod:`mmoa.metrics`, the same definition the evaluation reports),
 and the penalty (a value <= 0, added; the paper writes ``R - P`` with a positive P) punishes an
 output that breaks its agent's format. The trainer puts each score on that agent's last response
-token (:func:`mmoa.train.mappo.ppo_math.token_rewards`).
+token (:func:`mmoa.train.mappo.ppo_math.token_rewards`). With the counterfactual credit
+(``mappo_counterfactual_agents``) an agent's shared part is its gain ``R - R_cf`` over the same
+pipeline with its output replaced by a default (:attr:`AgentRewards.baselines`).
 
 The penalties read the flags and counts of :mod:`mmoa.agents.parsers`; they never re-parse text.
 Defaults are the paper's values, with these decisions (all configurable in :class:`PenaltyConfig`):
@@ -183,11 +185,16 @@ class AgentRewards:
     e.g. the Query Rewriter in ``s_g``, has none and gets no PPO sample). ``bonuses`` are
     optional per-agent shaping terms (>= 0) added to an agent's score, e.g. the Query
     Rewriter's retrieval reward (:func:`retrieval_bonus`); an agent without one gets 0.
+    ``baselines`` are optional per-agent counterfactual rewards ``R_cf`` (the shared reward of
+    the same pipeline with that agent's output replaced by a default,
+    ``mappo_counterfactual_agents``): such an agent's share of the shared reward is its gain
+    ``R - R_cf`` (:meth:`shared_for`); its penalty and bonus are unchanged.
     """
 
     shared: float
     penalties: Mapping[AgentName, Penalty] = field(default_factory=dict)
     bonuses: Mapping[AgentName, float] = field(default_factory=dict)
+    baselines: Mapping[AgentName, float] = field(default_factory=dict)
 
     @property
     def agents(self) -> tuple[AgentName, ...]:
@@ -202,9 +209,16 @@ class AgentRewards:
         self._penalty(agent)  # an agent that did not act has no score at all
         return float(self.bonuses.get(agent, 0.0))
 
+    def shared_for(self, agent: AgentName) -> float:
+        """The agent's part of the shared reward: ``R``, or with a counterfactual baseline its
+        gain ``R - R_cf`` over its default (COMA's counterfactual baseline, s3's "gain beyond
+        RAG"): what the team scored because of this agent's output, not despite it."""
+        self._penalty(agent)
+        return self.shared - float(self.baselines.get(agent, 0.0))
+
     def total(self, agent: AgentName) -> float:
-        """The agent's PPO score: shared reward + its penalty + its bonus."""
-        return self.shared + self._penalty(agent).value + self.bonus(agent)
+        """The agent's PPO score: its part of the shared reward + its penalty + its bonus."""
+        return self.shared_for(agent) + self._penalty(agent).value + self.bonus(agent)
 
     @property
     def totals(self) -> dict[AgentName, float]:
@@ -220,8 +234,8 @@ class AgentRewards:
 
     def as_dict(self) -> dict[str, Any]:
         """A flat, JSON-ready view for logs: ``shared``, ``penalty/<agent>``, ``total/<agent>``,
-        ``bonus/<agent>`` (only for an agent with a bonus) and ``reason/<agent>/<rule>`` (1.0
-        where that rule fired)."""
+        ``bonus/<agent>`` and ``baseline/<agent>`` (only for an agent with one) and
+        ``reason/<agent>/<rule>`` (1.0 where that rule fired)."""
         row: dict[str, Any] = {"shared": self.shared}
         for agent in self.agents:
             pen = self.penalties[agent]
@@ -229,6 +243,8 @@ class AgentRewards:
             row[f"total/{agent}"] = self.total(agent)
             if agent in self.bonuses:
                 row[f"bonus/{agent}"] = float(self.bonuses[agent])
+            if agent in self.baselines:
+                row[f"baseline/{agent}"] = float(self.baselines[agent])
             for reason in pen.reasons:
                 row[f"reason/{agent}/{reason}"] = 1.0
         return row
@@ -245,6 +261,7 @@ def compute_agent_rewards(
     metric: str = "f1",
     scoring: str = DEFAULT_PROFILE,
     bonuses: Mapping[AgentName, float] | None = None,
+    baselines: Mapping[AgentName, float] | None = None,
 ) -> AgentRewards:
     """Shared reward and per-agent penalties of one question, from the three parse results.
 
@@ -252,7 +269,8 @@ def compute_agent_rewards(
     final answer as the pipeline reports it (``Trace.answer``, normally ``answer.answer``);
     ``golds`` the gold aliases. Independent of the pipeline module on purpose: the trainer calls
     it per question with whatever it rolled out. ``bonuses``: per-agent shaping terms (see
-    :class:`AgentRewards`), each for an agent that acted.
+    :class:`AgentRewards`), each for an agent that acted; ``baselines``: per-agent
+    counterfactual rewards (finite numbers, each for an agent that acted).
     """
     config = config or PenaltyConfig()
     penalties: dict[AgentName, Penalty] = {}
@@ -268,10 +286,19 @@ def compute_agent_rewards(
             raise ValueError(f"a bonus for {agent!r}, which did not act in this trace")
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"the bonus of {agent!r} must be a finite number >= 0, got {value}")
+    baselines = dict(baselines or {})
+    for agent, value in baselines.items():
+        if agent not in penalties:
+            raise ValueError(f"a counterfactual baseline for {agent!r}, which did not act in "
+                             "this trace")
+        if not math.isfinite(value):
+            raise ValueError(f"the counterfactual baseline of {agent!r} must be a finite "
+                             f"number, got {value}")
     return AgentRewards(
         shared=shared_reward(prediction, golds, metric=metric, scoring=scoring),
         penalties=penalties,
         bonuses=bonuses,
+        baselines=baselines,
     )
 
 

@@ -227,6 +227,7 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
     from llamafactory.model import load_model, load_tokenizer
     from llamafactory.train.trainer_utils import create_ref_model
 
+    from mmoa.train.mappo.agent_stats import counterfactual_log_keys
     from mmoa.train.mappo.learner import PolicyWithValue
     from mmoa.train.mappo.log_callback import MappoLogCallback
     from mmoa.train.mappo.trainer import MappoTrainer
@@ -279,13 +280,16 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
     model = PolicyWithValue(policy, value_head, ref_model,
                             temperature=mappo_args.mappo_temperature,
                             agent_temperatures=mappo_args.agent_temperatures)
+    # the trainer log (what the web UI reads) also carries the counterfactual credit's stats
+    log_keys = [*plot_keys(mappo_args.algorithm),
+                *counterfactual_log_keys(mappo_args.counterfactual_agents)]
 
     trainer = MappoTrainer(
         model=model, tokenizer=tokenizer, template=data_args.template, records=records,
         retriever=retriever, args=training_args, mappo_args=mappo_args,
         ppo_epochs=finetuning_args.ppo_epochs, kl_target=finetuning_args.ppo_target,
         whiten_rewards=finetuning_args.ppo_whiten_rewards,
-        callbacks=[MappoLogCallback(plot_keys(mappo_args.algorithm)), *(callbacks or [])],
+        callbacks=[MappoLogCallback(log_keys), *(callbacks or [])],
     )
     from mmoa.train.mappo.joint_retriever import build_joint_retriever
 
