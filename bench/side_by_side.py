@@ -7,6 +7,8 @@ Rows (``--methods``, default all, in this order; a row's dependencies are added)
 ``zero_shot_rag``     the base model, ``rag`` (retrieve with the question, then generate)
 ``sft``               three-agent SFT (the warm start; ``--warm-start DIR`` reuses one), qr_s_g
 ``sft_rag``           the warm start in ``rag``
+``sft_rag1``          the warm start in ``rag`` with one candidate (K = 1): the "keep the top
+                      candidate" baseline a Selector must beat
 ``mappo``             three-agent MAPPO from the warm start (the model's MAPPO config)
 ``grpo``              three-agent GRPO from the warm start (the model's GRPO config)
 ``search_sft``        search agent (RAG-R1 / Search-R1): format SFT from the base model
@@ -116,15 +118,18 @@ from bench_runs import (
     mmoa_cli,
     paired_gain,
     per_question_f1,
+    portable,
     run_logged,
     stage,
     train,
+    without_commit,
     write_result,
 )
 
 SCRIPT = "bench/side_by_side.py"
 SCHEMA = 1
 REAL_DIR = ROOT.parent / "shared" / "data" / "hotpotqa_fullwiki_486"
+DISTRACTOR_DIR = ROOT.parent / "shared" / "data" / "hotpotqa_distractor_1k"
 WORLDS: dict[str, dict[str, str]] = {
     # the files, the scoring and the index of each named world
     "demo": {"train_file": str(ROOT / "data/demo/train.jsonl"),
@@ -137,6 +142,14 @@ WORLDS: dict[str, dict[str, str]] = {
              "test_file": str(REAL_DIR / "hotpot_fullwiki_test.json"),
              "scoring": "hotpotqa", "index": "", "label_source": "supporting",
              "harr_reward": "f1"},
+    # every gold paragraph in the corpus; the Query Rewriter's labels come from
+    # ``mmoa-cli data qr-rewrites`` (docs/real_workflow.md), where that file exists
+    "distractor": {"train_file": str(DISTRACTOR_DIR / "hotpot_distractor_train.json"),
+                   "dev_file": str(DISTRACTOR_DIR / "hotpot_distractor_dev.json"),
+                   "test_file": str(DISTRACTOR_DIR / "hotpot_distractor_test.json"),
+                   "scoring": "hotpotqa", "index": str(ROOT / "data/hotpotqa_distractor/index"),
+                   "label_source": "supporting", "harr_reward": "f1",
+                   "rewrites_file": str(ROOT / "data/hotpotqa_distractor/qr_rewrites.json")},
 }
 #: HARR's training reward where no world names one: the answer F1 of the frozen warm start
 #: (HARR's own; the recall reward needs gold passage ids, which HotpotQA files lack).
@@ -186,6 +199,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("zero_shot_rag", "zero-shot rag (base model)", "rag"),
     Method("sft", "three-agent SFT (warm start)", "qr_s_g", vs="zero_shot", data=("sft",)),
     Method("sft_rag", "rag, warm start", "rag", needs=("sft",), vs="zero_shot_rag"),
+    Method("sft_rag1", "rag K = 1, warm start", "rag", needs=("sft",), vs="sft_rag"),
     Method("mappo", "three-agent MAPPO", "qr_s_g", needs=("sft",), vs="sft", data=("mappo",)),
     Method("grpo", "three-agent GRPO", "qr_s_g", needs=("sft",), vs="sft", data=("mappo",)),
     Method("search_sft", "search agent SFT", "search_agent", vs="zero_shot_rag",
@@ -249,6 +263,11 @@ def digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def file_digest(path: Path) -> str:
+    """A file's contents as a key: a re-synthesised rewrites file makes new SFT data."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
 class SideBySide:
     """One invocation: the table's settings, the rows' keys, the datasets and the runners."""
 
@@ -269,7 +288,10 @@ class SideBySide:
                       "test_file": args.test_file, "eval_split": args.eval_split,
                       "eval_file": self.eval_file, "scoring": args.scoring,
                       "max_eval": args.max_eval}
-        self.data_dir = self.work / f"data-{digest([args.train_file, args.label_source, self.k])}"
+        sources = [args.train_file, args.label_source, self.k]
+        if args.rewrites_file:  # kept out of the digest where absent: old folders stay valid
+            sources.append(file_digest(Path(args.rewrites_file)))
+        self.data_dir = self.work / f"data-{digest(sources)}"
         self.harr_reward = WORLDS.get(args.world or "", {}).get("harr_reward", HARR_REWARD)
         self._keys: dict[str, str] = {}
 
@@ -284,6 +306,8 @@ class SideBySide:
         if method.data:
             out.update(overrides=self.training(name)[1:],
                        label_source=self.args.label_source, seed=self.args.seed)
+            if self.args.rewrites_file and "sft" in method.data:
+                out.update(rewrites=file_digest(Path(self.args.rewrites_file)))
         if name == "sft" and self.args.warm_start:
             out = {**out, "warm_start": str(Path(self.args.warm_start).resolve()),
                    "overrides": [], "label_source": None}
@@ -309,7 +333,9 @@ class SideBySide:
                   "--name", name]
         commands = {
             "sft": mmoa_cli("data", "sft", *source, "--retriever_url", url, "--k", str(self.k),
-                            "--label_source", self.args.label_source),
+                            "--label_source", self.args.label_source,
+                            *(["--rewrites_file", self.args.rewrites_file]
+                              if self.args.rewrites_file else [])),
             "mappo": mmoa_cli("data", "mappo", *source),
             "search": mmoa_cli("data", "search-sft", *source, "--retriever_url", url),
             "decision": mmoa_cli("data", "decision-sft", *source, "--retriever_url", url),
@@ -352,12 +378,14 @@ class SideBySide:
 
     # -- rows -------------------------------------------------------------------------------
 
-    def evaluate_three_agent(self, name: str, model: str, mode: str) -> dict[str, Any]:
-        """``learning_signal.evaluate`` of ``model`` in ``mode``, kept as a stage."""
+    def evaluate_three_agent(self, name: str, model: str, mode: str,
+                             k: int | None = None) -> dict[str, Any]:
+        """``learning_signal.evaluate`` of ``model`` in ``mode`` (``k`` candidates, default
+        the MAPPO config's), kept as a stage."""
         out = self.folder(name) / "eval"
 
         def produce() -> dict[str, Any]:
-            learning_signal.evaluate(Path(model), self.three_agent(), out, mode)
+            learning_signal.evaluate(Path(model), self.three_agent(), out, mode, k=k)
             return {"model": model, "eval_dir": str(out)}
 
         return stage(self.folder(name), "row", produce, SCRIPT)
@@ -387,6 +415,9 @@ class SideBySide:
 
     def run_sft_rag(self) -> dict[str, Any]:
         return self.evaluate_three_agent("sft_rag", self.model_of("sft"), "rag")
+
+    def run_sft_rag1(self) -> dict[str, Any]:
+        return self.evaluate_three_agent("sft_rag1", self.model_of("sft"), "rag", k=1)
 
     def run_rl(self, name: str) -> dict[str, Any]:
         """MAPPO or GRPO by ``learning_signal.mappo_run`` from the warm start."""
@@ -518,9 +549,9 @@ class SideBySide:
             return {"bench": "side_by_side", "schema": SCHEMA, "table": self.table,
                     "rows": {}, "order": []}
         result = json.loads(self.json_path.read_text())
-        if result.get("table") != self.table:
-            changed = sorted(k for k in self.table
-                             if result.get("table", {}).get(k) != self.table[k])
+        table = portable(self.table)  # the JSON holds it machine-free (write_result)
+        if result.get("table") != table:
+            changed = sorted(k for k in table if result.get("table", {}).get(k) != table[k])
             raise SystemExit(f"{self.json_path} holds another table (it differs in "
                              f"{', '.join(changed)}): give another --json-out")
         return result
@@ -528,7 +559,7 @@ class SideBySide:
     def run(self) -> dict[str, Any]:
         from mmoa.retrieval.client import RetrievalClient
 
-        result = self.load()
+        result = without_commit(self.load())  # stamped afresh by this run's config.code
         result["config"] = {k: v for k, v in vars(self.args).items() if k != "report"}
         result["config"]["code"] = code_version(SCRIPT)
         self.rows: dict[str, Any] = result["rows"]
@@ -713,7 +744,8 @@ def write_plot(result: dict[str, Any], path: Path) -> None:
 
 
 #: Column titles of the named worlds in the combined (README) table.
-WORLD_TITLES = {"demo": "demo world", "real": "real HotpotQA"}
+WORLD_TITLES = {"demo": "demo world", "real": "real HotpotQA",
+                "distractor": "HotpotQA distractor"}
 README_BEGIN = "<!-- side-by-side:begin"
 README_END = "<!-- side-by-side:end -->"
 
@@ -796,6 +828,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the Selector's SFT labels (demo: heuristic, real: supporting)")
     parser.add_argument("--index", help="the index folder the server serves (the HARR row "
                                         "needs it; demo: data/demo/index)")
+    parser.add_argument("--rewrites-file", dest="rewrites_file",
+                        help="the Query Rewriter's SFT labels (mmoa-cli data qr-rewrites; "
+                             "distractor: data/hotpotqa_distractor/qr_rewrites.json where it "
+                             "exists)")
     parser.add_argument("--retriever-url", dest="retriever_url", default="http://127.0.0.1:8000")
     parser.add_argument("--model", choices=sorted(CONFIGS), default="smollm2")
     parser.add_argument("--base-model", dest="base_model",
@@ -847,16 +883,20 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     for key in ("train_file", "dev_file", "test_file", "scoring", "label_source", "index"):
         if getattr(args, key) is None:
             setattr(args, key, world.get(key) or None)
+    if args.rewrites_file is None and Path(world.get("rewrites_file") or "/").is_file():
+        args.rewrites_file = world["rewrites_file"]
     missing = [k for k in ("train_file", "test_file", "scoring") if not getattr(args, k)]
     if args.eval_split == "dev" and not args.dev_file:
         missing.append("dev_file")
     if missing:
         parser.error(f"give --world, or {', '.join('--' + m.replace('_', '-') for m in missing)}")
     args.label_source = args.label_source or "supporting"
-    for key in ("train_file", "dev_file", "test_file", "index", "warm_start", "base_model"):
+    for key in ("train_file", "dev_file", "test_file", "index", "warm_start", "base_model",
+                "rewrites_file"):
         if getattr(args, key):
             setattr(args, key, str(Path(getattr(args, key)).resolve()))
-    for key in ("train_file", "test_file", *(("dev_file",) if args.eval_split == "dev" else ())):
+    for key in ("train_file", "test_file", *(("dev_file",) if args.eval_split == "dev" else ()),
+                *(("rewrites_file",) if args.rewrites_file else ())):
         if not Path(getattr(args, key)).is_file():
             parser.error(f"--{key.replace('_', '-')}: no such file {getattr(args, key)}")
     if args.work_dir is None:

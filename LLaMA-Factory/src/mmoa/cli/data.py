@@ -160,6 +160,12 @@ def _cmd_toa_data(args: argparse.Namespace) -> int:
     return run_toa_command(args, load_qa_from_args)
 
 
+def _cmd_qr_rewrites(args: argparse.Namespace) -> int:
+    from mmoa.synthesis.rewrite_command import run_rewrite_command
+
+    return run_rewrite_command(args, load_qa_from_args)
+
+
 def _cmd_mappo_data(args: argparse.Namespace) -> int:
     from mmoa.data.sft_builder import write_mappo_dataset
 
@@ -188,6 +194,8 @@ def add_data_commands(commands: Commands) -> None:
             "      --retriever_url http://127.0.0.1:8000\n"
             "  mmoa-cli data mappo --data_file data/demo/train.jsonl --name demo_mappo\n"
             "  mmoa-cli data toa --data_file data/demo/train.jsonl --name demo_toa_sft \\\n"
+            "      --model name=smol,path=models/smollm2-135m-instruct,template=smollm2\n"
+            "  mmoa-cli data qr-rewrites --data_file train.json --output rewrites.json \\\n"
             "      --model name=smol,path=models/smollm2-135m-instruct,template=smollm2\n"
             "  mmoa-cli data search-sft --data_file data/demo/train.jsonl \\\n"
             "      --name demo_search_sft --retriever_url http://127.0.0.1:8000\n"
@@ -268,6 +276,31 @@ def add_data_commands(commands: Commands) -> None:
     add_qa_source_arguments(toa)
     add_toa_arguments(toa)
     toa.set_defaults(handler=_cmd_toa_data)
+
+    from mmoa.synthesis.rewrite_command import add_rewrite_arguments
+
+    rewrites = kinds.add_parser(
+        "qr-rewrites",
+        help="synthesise Query Rewriter labels that retrieve more gold passages than the "
+             "question (needs the retrieval server and gold supporting passages)",
+        description=(
+            "For every question, sample rewrites (sub-question sets) from local models with TOA "
+            "or best-of-N, score each by the gold supporting passages among the K candidates "
+            "its sub-questions retrieve from the live server, and keep the best where it beats "
+            "the question alone. Writes a Rewrite-Retrieve-Read rewrites file for 'data sft "
+            "--rewrites_file' and a report (docs/real_workflow.md)."
+        ),
+        epilog=(
+            "example: mmoa-cli data qr-rewrites --data_file train.json "
+            "--output data/hotpotqa_distractor/qr_rewrites.json "
+            "--model name=smol,path=models/smollm2-135m-instruct,template=smollm2 "
+            "--model name=careful,path=models/smollm2-135m-instruct,template=smollm2,"
+            "variant=careful --samples_per_model 4 --k 5 --compare"
+        ),
+    )
+    add_qa_source_arguments(rewrites)
+    add_rewrite_arguments(rewrites)
+    rewrites.set_defaults(handler=_cmd_qr_rewrites)
 
     mappo = kinds.add_parser(
         "mappo",
