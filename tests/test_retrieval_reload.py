@@ -150,7 +150,8 @@ class _HangingRetriever:
         self.release = threading.Event()
         self.installed: list[Any] = []
 
-    def load_encoder(self, path: str | None) -> tuple[object, dict[str, Any]]:
+    def load_encoder(self, path: str | None, deadline: float | None = None
+                     ) -> tuple[object, dict[str, Any]]:
         self.release.wait(60)
         return object(), {"path": path}
 

@@ -38,6 +38,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import ClientDisconnected, HTTPException
 
 from mmoa.retrieval.batcher import MicroBatcher, Scheduler
+from mmoa.retrieval.canary import CANARY_K, EncoderCanaryError
 from mmoa.retrieval.encoder import EncoderFolderError
 from mmoa.retrieval.index import EncoderChangedError, Retriever
 from mmoa.retrieval.sampling import (
@@ -270,8 +271,36 @@ class _Counters:
 
 
 def _json(payload: Any, status: int = 200) -> Response:
-    return Response(json.dumps(payload, ensure_ascii=False), status=status,
-                    mimetype="application/json")
+    text = json.dumps(payload, ensure_ascii=False)
+    try:
+        body = text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate quoted from the request: escape it
+        body = json.dumps(payload).encode("ascii")
+    return Response(body, status=status, mimetype="application/json")
+
+
+def parse_reload_path(body: dict[str, Any]) -> str | None:
+    """The reload's ``path``: absent/None (the start encoder) or a usable folder name.
+
+    ``"\\ud800"`` (a lone surrogate, valid JSON) cannot be a file name: it reached ``os.stat``
+    and the answer's encoding and came back as a 500 with a traceback."""
+    path = body.get("path")
+    if path is None:
+        return None
+    if not isinstance(path, str) or not path.strip():
+        raise ApiError(400, "field 'path' must be the folder of a query encoder checkpoint "
+                            "(a non-empty string), or absent for the index's own encoder")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ApiError(400, f"field 'path' is not valid Unicode (lone surrogate at character "
+                            f"{err.start}); expected a folder name") from err
+    if "\0" in path:
+        raise ApiError(400, "field 'path' holds a NUL character; expected a folder name")
+    if len(path) > 4096:
+        raise ApiError(400, f"field 'path' has {len(path)} characters; a folder name has at "
+                            f"most 4096")
+    return path
 
 
 def _error(status: int, message: str, kind: str) -> Response:
@@ -468,20 +497,22 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
     def bounded_load(path: str | None) -> tuple[Any, dict[str, Any]]:
         """``retriever.load_encoder(path)`` in a thread that may take ``reload_timeout_s``.
 
-        A load that hangs past it (a file system that stops answering) is abandoned: the old
-        encoder keeps serving, the reload lock is freed, and whatever the load returns later
-        is dropped. While two abandoned loads still run, new reloads are refused rather than
-        piling up threads."""
+        A load that passes it is abandoned: the old encoder keeps serving, the reload lock is
+        freed, and whatever the load returns later is dropped. The load copies the folder
+        with non-blocking opens under the same deadline (``load_encoder``), so no special file
+        can hold it; only a file system that stops answering can, and while two such loads
+        still run, new reloads are refused rather than piling up threads."""
         abandoned[:] = [t for t in abandoned if t.is_alive()]
         if len(abandoned) >= 2:
             raise ApiError(503, f"{len(abandoned)} earlier encoder reloads that passed the "
                                 f"{limits.reload_timeout_s:g} s bound are still running; "
                                 f"restart the server if they never finish", "reload_busy")
         result: dict[str, Any] = {}
+        deadline = time.monotonic() + limits.reload_timeout_s
 
         def work() -> None:
             try:
-                result["value"] = retriever.load_encoder(path)
+                result["value"] = retriever.load_encoder(path, deadline=deadline)
             except BaseException as err:  # handed to the request thread below
                 result["error"] = err
 
@@ -498,15 +529,22 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
             raise result["error"]
         return result["value"]
 
+    def canary_baseline() -> None:
+        """Measure, once, how many canaries the serving (start) encoder finds, through the
+        micro-batcher: the serving encoder's tokenizer must not be called from a second
+        thread (fast tokenizers fail with "Already borrowed")."""
+        if getattr(retriever, "canary_baseline", 0) is not None:
+            return
+        _, texts = retriever.canary_inputs()
+        retriever.measure_canary_baseline(run_search(texts, CANARY_K)[1])
+
     @app.post(RELOAD_PATH)
     def reload_encoder() -> Response:
-        """Check and load first, swap last: every failure leaves the old encoder serving."""
+        """Copy, check, load and prove first, swap last: every failure is a 4xx that names
+        what failed, and leaves the old encoder serving."""
         body = read_body()
         check_fields(body, RELOAD_FIELDS, f"POST {RELOAD_PATH}")
-        path = body.get("path")
-        if path is not None and (not isinstance(path, str) or not path.strip()):
-            raise ApiError(400, "field 'path' must be the folder of a query encoder checkpoint "
-                                "(a non-empty string), or absent for the index's own encoder")
+        path = parse_reload_path(body)
         if path is not None and config.reload_roots:
             _check_reload_root(path, config.reload_roots)
         if not reload_lock.acquire(blocking=False):
@@ -514,6 +552,7 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
         where = path or "the folder the server started with"
         try:
             started_at = time.monotonic()
+            canary_baseline()
             encoder, identity = bounded_load(path)
             retriever.install_encoder(encoder)
             reloads["count"] += 1
@@ -526,15 +565,20 @@ def create_app(retriever: Retriever, scheduler: Scheduler,
         except EncoderFolderError as err:
             raise ApiError(400, f"cannot load the query encoder from {where!r}: {err.file}: "
                                 f"{err.reason}", "bad_encoder") from err
+        except EncoderCanaryError as err:
+            raise ApiError(400, f"the query encoder from {where!r} loaded but failed the "
+                                f"canary (the old encoder keeps serving): {err.reason}",
+                           "bad_encoder") from err
         except Exception as err:  # whatever the checkpoint makes transformers raise
-            logger.warning("encoder reload from %s failed: %s: %s", where,
-                           type(err).__name__, err)
+            logger.warning("encoder reload from %r failed: %s: %r", where,
+                           type(err).__name__, str(err)[:500])
             raise ApiError(400, f"cannot load the query encoder from {where!r}: "
                                 f"{type(err).__name__}: {err}", "bad_encoder") from err
         finally:
             reload_lock.release()
-        logger.info("query encoder reloaded from %s (fingerprint %s)",
-                    path or "the index's own encoder", identity.get("fingerprint"))
+        logger.info("query encoder reloaded from %r (fingerprint %s, canary %s)",
+                    path or "the index's own encoder", identity.get("fingerprint"),
+                    identity.get("canary"))
         return _json({"status": "ok", "encoder": identity,
                       "seconds": round(time.monotonic() - started_at, 3)})
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import stat
+import tempfile
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -147,14 +151,14 @@ class CheckedFolder:
     fingerprint: str
     config: dict[str, Any]
     dim: int | None
+    #: Values per tensor over every safetensors file (empty for pickle weights).
+    tensors: dict[str, int] = field(default_factory=dict)
 
 
 def _regular_files(path: Path, untrusted: bool) -> dict[str, os.stat_result]:
     """Name -> stat of every regular file at the top of ``path``, refusing what could hang a
     reader or read elsewhere: FIFOs, sockets and devices, directories named like a file that
     gets read, and (``untrusted``) symbolic links that leave the folder."""
-    import stat
-
     files: dict[str, os.stat_result] = {}
     with os.scandir(path) as entries:
         for count, entry in enumerate(entries):
@@ -226,10 +230,31 @@ def _read_json(file: Path, limit: int) -> Any:
         raise EncoderFolderError(file, f"not valid JSON ({err})") from err
 
 
+def _non_finite(value: Any, where: str, depth: int = 0) -> str | None:
+    """The first key path under ``where`` that holds NaN or an infinity (Python's JSON reader
+    accepts ``NaN`` and ``Infinity``), or ``None``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    if depth > 32:
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{where}.{key}" if where else str(key), depth + 1)
+        if found:
+            return found
+    return None
+
+
 def _check_config(file: Path, config: Any, expected_dim: int | None, device: str) -> int | None:
     if not isinstance(config, dict):
         raise EncoderFolderError(file, f"must hold a JSON object, got a JSON "
                                        f"{type(config).__name__}")
+    # ``layer_norm_eps: NaN`` loads and makes every vector NaN: Faiss then answers every
+    # search with no hit (a 200 with empty lists), so such a config is refused by name.
+    bad = _non_finite(config, "")
+    if bad is not None:
+        raise EncoderFolderError(file, f"{bad} is not a finite number; expected one")
     for key, bound in _CONFIG_BOUNDS.items():
         value = config.get(key)
         if value is None:
@@ -261,9 +286,10 @@ def _check_config(file: Path, config: Any, expected_dim: int | None, device: str
     return int(dim) if dim else None
 
 
-def _check_safetensors(file: Path, size: int) -> None:
+def _check_safetensors(file: Path, size: int) -> dict[str, int]:
     """The header of a safetensors file, and that every tensor lies inside the file: a
-    truncated or garbage file is refused before transformers maps it."""
+    truncated or garbage file is refused before transformers maps it. Returns each tensor's
+    number of values (what :func:`check_parameters` compares with the config's model)."""
     with file.open("rb") as handle:
         head = handle.read(8)
         if len(head) < 8:
@@ -281,6 +307,7 @@ def _check_safetensors(file: Path, size: int) -> None:
         raise EncoderFolderError(file, "corrupt safetensors header (not a JSON object)")
     data = size - 8 - length
     end = 0
+    counts: dict[str, int] = {}
     for name, tensor in header.items():
         if name == "__metadata__":
             continue
@@ -300,24 +327,30 @@ def _check_safetensors(file: Path, size: int) -> None:
             raise EncoderFolderError(file, f"truncated: tensor {name!r} ends at byte {stop} "
                                            f"of the data, the file holds {data}")
         end = max(end, stop)
+        counts[str(name)] = count
     if end != data:
         raise EncoderFolderError(file, f"corrupt safetensors file: {data - end} bytes after "
                                        f"the last tensor")
+    return counts
 
 
 def check_model_folder(path: str | os.PathLike[str], *, untrusted: bool = True,
-                       expected_dim: int | None = None, device: str = "cpu") -> CheckedFolder:
+                       expected_dim: int | None = None, device: str = "cpu",
+                       content: Path | None = None) -> CheckedFolder:
     """Validate a model folder before anything loads it, and fingerprint it.
 
     What a reload of the server (a request from any client that may call it) must not hand
     to transformers: anything but regular files under names that get read (a FIFO blocks the
     reader forever, a directory named ``optimizer.bin`` fails after the fact), files over a
     size bound, a ``config.json`` that is not a sane JSON object (``vocab_size: 10**12``, a
-    list), a quantization or attention kernel this machine cannot serve, a hidden size other
-    than the index's, a truncated or garbage safetensors file. ``untrusted`` also refuses
+    list, a NaN), a quantization or attention kernel this machine cannot serve, a hidden size
+    other than the index's, a truncated or garbage safetensors file. ``untrusted`` also refuses
     symbolic links out of the folder and pickle weights (``pytorch_model.bin``; unpickling can
     run code, and ``weights_only`` errors came back as 500s); the folder the server started
-    with is checked with ``untrusted=False``. Raises :class:`EncoderFolderError`.
+    with is checked with ``untrusted=False``. ``content``: a private copy of the folder made by
+    :func:`stage_model_folder`, whose files are read instead of ``path``'s (which is only
+    stat-ed), so that nothing opened here can be swapped for a FIFO between the check and the
+    open; errors still name ``path``'s files. Raises :class:`EncoderFolderError`.
     """
     root = Path(path).expanduser()
     if not root.is_dir():
@@ -326,12 +359,24 @@ def check_model_folder(path: str | os.PathLike[str], *, untrusted: bool = True,
                                        "weights")
     root = root.resolve()
     files = _regular_files(root, untrusted)
+    _check_names(root, files, untrusted)
+    if content is None:
+        return _check_contents(root, files, expected_dim, device)
+    try:
+        staged = _check_contents(content, _regular_files(content, False), expected_dim, device)
+    except EncoderFolderError as err:
+        shown = Path(err.file)
+        if shown.is_relative_to(content):
+            shown = root / shown.relative_to(content)
+        raise EncoderFolderError(shown, err.reason) from err
+    return replace(staged, path=root)
+
+
+def _check_names(root: Path, files: dict[str, os.stat_result], untrusted: bool) -> None:
+    """What the folder's file names alone say: a config, and weights that may be loaded."""
     if "config.json" not in files:
         raise EncoderFolderError(root / "config.json", "missing; not a transformers model "
                                                        "folder")
-    config = _read_json(root / "config.json", MAX_CONFIG_BYTES)
-    dim = _check_config(root / "config.json", config, expected_dim, device)
-    safetensors = sorted(n for n in files if n.endswith(".safetensors"))
     if untrusted and "model.safetensors" not in files \
             and "model.safetensors.index.json" not in files:
         pickles = sorted(n for n in files if n.endswith(_PICKLE_SUFFIXES))
@@ -341,6 +386,13 @@ def check_model_folder(path: str | os.PathLike[str], *, untrusted: bool = True,
                                      "safetensors (save_pretrained(..., safe_serialization="
                                      "True))")
         raise EncoderFolderError(root / "model.safetensors", "missing; no weights to load")
+
+
+def _check_contents(root: Path, files: dict[str, os.stat_result], expected_dim: int | None,
+                    device: str) -> CheckedFolder:
+    """The files' contents: config, shard index and safetensors headers, and the fingerprint."""
+    config = _read_json(root / "config.json", MAX_CONFIG_BYTES)
+    dim = _check_config(root / "config.json", config, expected_dim, device)
     if "model.safetensors.index.json" in files:
         index = _read_json(root / "model.safetensors.index.json", MAX_SMALL_FILE_BYTES)
         shards = index.get("weight_map") if isinstance(index, dict) else None
@@ -348,9 +400,132 @@ def check_model_folder(path: str | os.PathLike[str], *, untrusted: bool = True,
                 isinstance(s, str) and s in files for s in shards.values()):
             raise EncoderFolderError(root / "model.safetensors.index.json",
                                      "weight_map must name shard files of this folder")
-    for name in safetensors:
-        _check_safetensors(root / name, files[name].st_size)
-    return CheckedFolder(root, _fingerprint(root, files), config, dim)
+    tensors: dict[str, int] = {}
+    for name in sorted(n for n in files if n.endswith(".safetensors")):
+        tensors.update(_check_safetensors(root / name, files[name].st_size))
+    return CheckedFolder(root, _fingerprint(root, files), config, dim, tensors)
+
+
+#: Files a model folder may hold that loading an encoder reads (weights, config, tokenizer);
+#: the rest of a checkpoint folder (optimizer states, logs) is not copied by a reload.
+_STAGED_SUFFIXES = (".safetensors", ".json", ".txt", ".model", ".tiktoken", ".jinja")
+_TRUSTED_PICKLES = ("pytorch_model",)
+_COPY_CHUNK = 8 << 20
+
+
+def _open_regular(file: Path, root: Path, untrusted: bool) -> int:
+    """A read descriptor of ``file`` that is a regular file *now*: opened without blocking
+    (opening a FIFO that no one writes returns at once instead of waiting for a writer), then
+    checked on the descriptor itself, so a swap after the folder was listed is caught."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(file, flags)
+    except OSError as err:
+        raise EncoderFolderError(file, f"cannot be opened ({err.strerror})") from err
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(info.st_mode) else "a directory"
+                    if stat.S_ISDIR(info.st_mode) else "a socket"
+                    if stat.S_ISSOCK(info.st_mode) else "a device")
+            raise EncoderFolderError(file, f"is {kind}, not a regular file (it changed after "
+                                           f"the folder was checked)")
+        opened = Path(f"/proc/self/fd/{fd}")
+        if untrusted and opened.is_symlink():
+            target = Path(os.readlink(opened))
+            if target.is_absolute() and not target.is_relative_to(root):
+                raise EncoderFolderError(file, f"resolves to {target}, outside the folder")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def stage_model_folder(path: Path, dest: Path, *, untrusted: bool,
+                       deadline: float | None = None) -> dict[str, os.stat_result]:
+    """Copy the files of ``path`` that loading an encoder reads into ``dest`` (a new, private
+    folder), each opened by :func:`_open_regular` and copied in chunks under ``deadline``
+    (``time.monotonic()`` seconds).
+
+    Why a copy: transformers opens files by name and blocks forever on a FIFO; a weights file
+    replaced by one between the server's check and transformers' open held the reload (and,
+    twice, every later reload) until a restart. Everything checked and loaded afterwards is
+    read from ``dest``, which no client can change. Pickle weights are copied only from a
+    trusted folder (the server's start encoder). Returns name -> stat of the files copied.
+    """
+    root = path.expanduser()
+    if not root.is_dir():
+        raise EncoderFolderError(root, "not a local directory (models are never downloaded "
+                                       "here); pass the folder that holds config.json and the "
+                                       "weights")
+    path = root.resolve()
+    files = _regular_files(path, untrusted)
+    _check_names(path, files, untrusted)
+    copied: dict[str, os.stat_result] = {}
+    for name, info in sorted(files.items()):
+        pickle = name.endswith(_PICKLE_SUFFIXES)
+        if not (name.endswith(_STAGED_SUFFIXES)
+                or (pickle and not untrusted and name.startswith(_TRUSTED_PICKLES))):
+            continue
+        limit = (MAX_CONFIG_BYTES if name == "config.json" else MAX_WEIGHT_FILE_BYTES
+                 if name.endswith(WEIGHT_SUFFIXES) else MAX_SMALL_FILE_BYTES)
+        fd = _open_regular(path / name, path, untrusted)
+        with os.fdopen(fd, "rb") as source, (dest / name).open("xb") as target:
+            size = 0
+            while chunk := source.read(_COPY_CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    raise EncoderFolderError(path / name, f"more than the {limit} bytes "
+                                                          f"allowed for this file")
+                target.write(chunk)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"copying {path / name} passed the reload deadline")
+        if size != info.st_size:
+            raise EncoderFolderError(path / name, f"changed while it was read ({info.st_size} "
+                                                  f"bytes listed, {size} read)")
+        copied[name] = os.stat(dest / name)
+    return copied
+
+
+def staging_folder() -> Path:
+    """A new private folder (mode 0700) for :func:`stage_model_folder` in the temp dir
+    (``TMPDIR``): it needs room for one encoder's weights while a reload runs."""
+    return Path(tempfile.mkdtemp(prefix="mmoa-encoder-reload-"))
+
+
+def check_parameters(folder: Path, checked: CheckedFolder) -> None:
+    """Refuse weights that hold far fewer values than the config's model has parameters.
+
+    transformers fills every parameter a checkpoint lacks with random values and only warns:
+    a folder with ``vocab_size: 2000000`` and no embedding tensor loaded a random 3 GB
+    embedding (the worker went from 1.4 to 4.4 GB) and served it. The model is built on the
+    meta device (no memory) to count its parameters before any weight is read; the exact
+    list of missing tensors is checked after loading (:func:`check_loaded`).
+    """
+    if not checked.tensors:
+        return  # pickle weights of the trusted start folder: nothing to count beforehand
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    with torch.device("meta"):
+        model = AutoModel.from_config(config)
+    params = dict(model.named_parameters())
+    total = sum(p.numel() for p in params.values())
+    stored = sum(checked.tensors.values())
+    if stored >= 0.9 * total:
+        return
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    names = set(checked.tensors) | {n.removeprefix(prefix + ".") for n in checked.tensors}
+    missing = [n for n in params if n not in names]
+    shown = ", ".join(missing[:4]) + (f" (+{len(missing) - 4} more)" if len(missing) > 4
+                                      else "")
+    raise EncoderFolderError(checked.path / "model.safetensors", (
+        f"holds {stored:,} values, the model config.json describes has {total:,} parameters; "
+        f"tensors missing ({shown or 'by size'}): transformers would fill them with random "
+        f"values"))
 
 
 def describe_encoder(config: EncoderConfig) -> dict[str, Any]:
@@ -401,23 +576,30 @@ def pool_hidden(hidden: Any, attention_mask: Any, config: EncoderConfig) -> Any:
 class Encoder:
     """Batched, thread-compatible (one caller at a time) encoder of queries and passages."""
 
-    def __init__(self, config: EncoderConfig | None = None, safetensors_only: bool = False
-                 ) -> None:
+    def __init__(self, config: EncoderConfig | None = None, safetensors_only: bool = False,
+                 load_from: Path | None = None) -> None:
         """``safetensors_only``: never unpickle weights (a folder a client named; see
-        :func:`check_model_folder`)."""
+        :func:`check_model_folder`). ``load_from``: read the files from this copy of the
+        folder (:func:`stage_model_folder`) while ``model_path`` still names the original."""
         import torch
         from transformers import AutoModel, AutoTokenizer
 
         self.config = config or EncoderConfig()
-        self.model_path = resolve_model_path(self.config.model)
+        self.model_path = resolve_model_path(self.config.model) \
+            if load_from is None or self.config.model == DEFAULT_ENCODER \
+            else Path(self.config.model).expanduser().resolve()
+        source = str(load_from or self.model_path)
         device = self.config.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
-        model = AutoModel.from_pretrained(str(self.model_path),
-                                          **({"use_safetensors": True} if safetensors_only
-                                             else {}))
+        self.tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        model, info = AutoModel.from_pretrained(source, local_files_only=True,
+                                                output_loading_info=True,
+                                                **({"use_safetensors": True}
+                                                   if safetensors_only else {}))
+        #: Parameters the checkpoint lacked (transformers filled them with random values).
+        self.missing_keys = sorted(info.get("missing_keys") or ())
         if self.config.fp16 and self.device.type == "cuda":
             model = model.half()
         self.model = model.to(self.device).eval()
@@ -464,3 +646,54 @@ class Encoder:
         """Encode passage texts (``Passage.encoder_text``) with the passage prefix."""
         prefix = self.config.passage_prefix
         return self.encode([prefix + t for t in texts] if prefix else texts, batch_size)
+
+
+#: Tokenizer files: a folder without any loads a 5-token fallback tokenizer that turns every
+#: word into [UNK], so every query got the same vector and the same passages.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model",
+                   "spiece.model", "tokenizer.model")
+
+
+def check_loaded(encoder: Encoder, folder: Path, names: set[str], texts: Sequence[str]
+                 ) -> None:
+    """What only a loaded encoder shows, named by file of ``folder`` (which held the files
+    ``names``): weights the checkpoint lacked, and a tokenizer that does not fit the weights.
+
+    * missing tensors (other than the pooler head, which the mean/CLS pooling never uses):
+      transformers initialises them randomly and serves a random encoder;
+    * no tokenizer files, or a tokenizer that turns most words of real ``texts`` into its
+      unknown token (a fallback vocabulary of special tokens only);
+    * token ids beyond the embedding's rows (another model's tokenizer): every search was a
+      500 afterwards while ``/health`` said ok.
+    """
+    missing = [k for k in encoder.missing_keys if not k.startswith("pooler.")]
+    if missing:
+        shown = ", ".join(missing[:4]) + (f" (+{len(missing) - 4} more)" if len(missing) > 4
+                                          else "")
+        raise EncoderFolderError(folder / "model.safetensors", (
+            f"tensors missing: {shown}; transformers would fill them with random values"))
+    tokenizer = encoder.tokenizer
+    if not names & set(TOKENIZER_FILES) and not any(n.endswith(".model") for n in names):
+        raise EncoderFolderError(folder / "tokenizer.json", (
+            f"no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...): transformers made a "
+            f"fallback tokenizer of {len(tokenizer)} tokens; save the tokenizer beside the "
+            f"weights (tokenizer.save_pretrained)"))
+    shown = folder / next((n for n in TOKENIZER_FILES if n in names), "tokenizer.json")
+    rows = encoder.model.get_input_embeddings().num_embeddings
+    ids = tokenizer(list(texts), add_special_tokens=True, truncation=True,
+                    max_length=encoder.config.max_length)["input_ids"]
+    flat = [i for row in ids for i in row]
+    top = max(flat, default=0)
+    if top >= rows or len(tokenizer) > rows:
+        raise EncoderFolderError(shown, (
+            f"the tokenizer has {len(tokenizer)} tokens (ids up to {top} on sample passages), "
+            f"the model's embedding {rows} rows: a tokenizer of another model"))
+    unk = tokenizer.unk_token_id
+    special = set(tokenizer.all_special_ids) - {unk}
+    words = [i for i in flat if i not in special]
+    if unk is not None and words and sum(i == unk for i in words) > 0.5 * len(words):
+        share = sum(i == unk for i in words) / len(words)
+        raise EncoderFolderError(shown, (
+            f"the tokenizer ({len(tokenizer)} tokens) turns {share:.0%} of the words of sample "
+            f"passages into its unknown token {tokenizer.unk_token!r}: not this model's "
+            f"vocabulary"))

@@ -21,7 +21,10 @@ import json
 import logging
 import os
 import re
+import shutil
 import struct
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,16 +34,28 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from mmoa.fileio import sha256_file
+from mmoa.retrieval.canary import (
+    CANARY_CHARS,
+    CANARY_K,
+    CanaryResult,
+    canary_rows,
+    prove_encoder,
+    self_hits,
+)
 from mmoa.retrieval.corpus import CorpusStore, Passage
 from mmoa.retrieval.encoder import (
     DEFAULT_ENCODER,
     Encoder,
     EncoderConfig,
     EncoderFolderError,
+    check_loaded,
     check_model_folder,
+    check_parameters,
     describe_encoder,
     folder_identity,
     resolve_model_path,
+    stage_model_folder,
+    staging_folder,
 )
 
 logger = logging.getLogger(__name__)
@@ -414,6 +429,12 @@ class Retriever:
         self.index = index
         self.corpus = corpus
         self.placement = placement
+        #: One Faiss search at a time: the micro-batcher's and a reload's canary (GPU indexes
+        #: are not thread-safe).
+        self._index_lock = threading.Lock()
+        #: Canaries the start encoder finds (:mod:`mmoa.retrieval.canary`); measured once.
+        self.canary_baseline: int | None = None
+        self._canary: tuple[list[int], list[str]] | None = None
 
     @classmethod
     def load(cls, index_dir: str | os.PathLike[str], encoder: EncoderConfig | None = None,
@@ -468,13 +489,36 @@ class Retriever:
         for k in sorted({k for _, k in requests}):
             members = [i for i, (_, ki) in enumerate(requests) if ki == k]
             rows = np.concatenate([np.arange(bounds[i], bounds[i + 1]) for i in members])
-            scores, ids = self.index.search(np.ascontiguousarray(vectors[rows]), k)
+            scores, ids = self.search_vectors(vectors[rows], k)
             offset = 0
             for i in members:
                 n = int(bounds[i + 1] - bounds[i])
                 results[i] = (scores[offset:offset + n], ids[offset:offset + n])
                 offset += n
         return results  # type: ignore[return-value]
+
+    def search_vectors(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Faiss search of ready vectors (one search at a time)."""
+        with self._index_lock:
+            return self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k)
+
+    def canary_inputs(self) -> tuple[list[int], list[str]]:
+        """The canary passages' corpus rows and texts (:mod:`mmoa.retrieval.canary`)."""
+        if self._canary is None:
+            rows = canary_rows(len(self.corpus))
+            texts = [p.encoder_text[:CANARY_CHARS] for p in self.corpus.get(rows)]
+            self._canary = rows, texts
+        return self._canary
+
+    def measure_canary_baseline(self, ids: np.ndarray | None = None) -> int:
+        """How many canaries the serving encoder finds: from ``ids`` (the canary texts
+        searched through the server's own path, so no second thread uses the serving encoder)
+        or, in-process, by searching now."""
+        rows, texts = self.canary_inputs()
+        if ids is None:
+            ids = self.search(texts, CANARY_K)[1]
+        self.canary_baseline = self_hits(rows, ids)
+        return self.canary_baseline
 
     def passages(self, rows: np.ndarray) -> list[list[Passage]]:
         """Passages for a ``(n, k)`` row matrix, dropping -1 (no hit)."""
@@ -489,18 +533,30 @@ class Retriever:
         return [list(zip(d, [float(s) for s, r in zip(sc, rw, strict=True) if r >= 0],
                          strict=True)) for d, sc, rw in zip(docs, scores, rows, strict=True)]
 
-    def load_encoder(self, model: str | None = None) -> tuple[Encoder, dict[str, Any]]:
-        """Check, fingerprint and load the query encoder at ``model`` without serving it.
+    def load_encoder(self, model: str | None = None, deadline: float | None = None
+                     ) -> tuple[Encoder, dict[str, Any]]:
+        """Check, load and prove the query encoder at ``model`` without serving it.
 
         ``None`` means the encoder the server started with (``--encoder``, else the folder
         recorded in meta.json), which must still have the fingerprint the index records
         (:class:`EncoderChangedError` otherwise). The query encoder's RL stage trains the query
         side only: the passage vectors in ``index.faiss`` stay as built, so the new weights
         must produce vectors of the same dimension, pooling, normalisation and prefixes (all
-        taken from meta.json here, so only the weights change). A folder a client names is
-        checked as untrusted (:func:`~mmoa.retrieval.encoder.check_model_folder`: regular
-        files, size bounds, sane config, safetensors only) before transformers opens it.
-        Raises :class:`EncoderFolderError` naming the file and the reason.
+        taken from meta.json here, so only the weights change).
+
+        In order, every step able to refuse: the folder's files are copied into a private
+        folder, each opened without blocking and checked to be a regular file on its open
+        descriptor (:func:`~mmoa.retrieval.encoder.stage_model_folder`: a FIFO swapped in after
+        the listing cannot block the load); the copy is checked (size bounds, sane config, no
+        NaN in it, safetensors only from a client:
+        :func:`~mmoa.retrieval.encoder.check_model_folder`); the weights must hold the
+        parameters the config describes (counted on the meta device, before any memory is
+        spent); transformers loads from the copy; no tensor may be missing and the tokenizer
+        must be the weights' own (:func:`~mmoa.retrieval.encoder.check_loaded`); finally the
+        canary (:func:`~mmoa.retrieval.canary.prove_encoder`). ``deadline``
+        (``time.monotonic()``) bounds the copy. Raises :class:`EncoderFolderError` naming the
+        file, or :class:`~mmoa.retrieval.canary.EncoderCanaryError`; returns the encoder and
+        its identity (with the canary's figures under ``canary``).
         """
         restore = model is None
         folder = self.start_model if restore else str(model)
@@ -511,19 +567,35 @@ class Retriever:
             path = resolve_model_path(folder) if folder == DEFAULT_ENCODER else Path(folder)
         except (ImportError, OSError) as err:
             raise EncoderFolderError(folder, f"cannot be found ({err})") from err
-        checked = check_model_folder(path, untrusted=not restore, expected_dim=self.meta.dim,
-                                     device=str(self.encoder.device))
-        recorded = self.meta.encoder.get("fingerprint")
-        if restore and recorded and checked.fingerprint != recorded:
-            raise EncoderChangedError(checked.path, (
-                f"fingerprint {checked.fingerprint} differs from the index's encoder "
-                f"({recorded}): the folder the server started with was changed since; put the "
-                f"index's encoder back there or restart the server with --encoder"))
-        encoder = Encoder(config, safetensors_only=not restore)
+        if self.canary_baseline is None:
+            self.measure_canary_baseline()
+        stage = staging_folder()
+        try:
+            staged = stage_model_folder(path, stage, untrusted=not restore, deadline=deadline)
+            checked = check_model_folder(path, untrusted=not restore,
+                                         expected_dim=self.meta.dim,
+                                         device=str(self.encoder.device), content=stage)
+            recorded = self.meta.encoder.get("fingerprint")
+            if restore and recorded and checked.fingerprint != recorded:
+                raise EncoderChangedError(checked.path, (
+                    f"fingerprint {checked.fingerprint} differs from the index's encoder "
+                    f"({recorded}): the folder the server started with was changed since; put "
+                    f"the index's encoder back there or restart the server with --encoder"))
+            check_parameters(stage, checked)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("the reload deadline passed before the weights were loaded")
+            encoder = Encoder(config, safetensors_only=not restore, load_from=stage)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
         if encoder.dim != self.meta.dim:
             raise EncoderFolderError(checked.path, f"gives {encoder.dim}-d vectors, the index "
                                                    f"holds {self.meta.dim}-d vectors")
-        return encoder, folder_identity(config, checked, encoder.dim)
+        rows, texts = self.canary_inputs()
+        check_loaded(encoder, checked.path, set(staged), texts)
+        canary: CanaryResult = prove_encoder(encoder, rows, texts, self.meta.dim,
+                                             self.search_vectors, self.canary_baseline)
+        identity = folder_identity(config, checked, encoder.dim)
+        return encoder, {**identity, "canary": canary.to_json()}
 
     def install_encoder(self, encoder: Encoder) -> None:
         """Serve ``encoder`` from the next batch on (a batch under way finishes with the old
