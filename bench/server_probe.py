@@ -14,7 +14,10 @@ Starts the real server (``run_server.sh`` -> gunicorn, a free loopback port, a b
     bytes on the plain port, a missing or wrong token, misspelled fields of every endpoint,
     ``sample.alpha`` edges, encoder reloads from bad folders: a FIFO, a directory named like a
     weight file, pickle weights, truncated or garbage safetensors, impossible configs, a link
-    out of the folder). Each is sent over a raw socket; the
+    out of the folder, and folders that load an encoder that cannot work: no tokenizer files,
+    NaN in the config or the weights, missing tensors, a huge vocabulary without its
+    embedding, a foreign tokenizer, random weights; reload paths that are no file name: a
+    lone surrogate, a NUL). Each is sent over a raw socket; the
     probe records the status, whether the body is a JSON error with a message, the time, and a
     hang (no complete answer within ``--hang-s``) or a connection error. Every one should get a
     4xx with a JSON message, and none a 5xx or a hang. A few odd but valid requests (no content
@@ -24,7 +27,8 @@ Starts the real server (``run_server.sh`` -> gunicorn, a free loopback port, a b
     the same index (ties within 1e-4 may swap: micro-batching changes the last float bits);
 (c) **encoder reload under load**: clients search while one thread reloads the query encoder
     (a perturbed MiniLM, back with ``{}``, every bad folder of (a), without and with a wrong
-    token, a misspelled field, two reloads at once): every answer must be exactly the old or
+    token, a misspelled field, two reloads at once, a weights file swapped for a FIFO 0, 10
+    and 50 ms after the request): every answer must be exactly the old or
     the new encoder's (both in-process references), none mixed, no 5xx, no hang; every bad
     reload a 4xx JSON, after which the previous encoder still serves;
 (d) **slow clients**: S >= --threads clients that send headers and part of a body, then stall,
@@ -56,7 +60,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -326,7 +330,62 @@ def make_reload_folders(work: Path) -> dict[str, Path]:
     folders["config.json of 256 MiB"] = base / "config_256mib"
     folders["missing folder"] = base / "missing"
     folders["a file, not a folder"] = good / "config.json"
+    folders.update(make_unworkable_folders(good, folder))
     return folders
+
+
+def make_unworkable_folders(good: Path, folder: Callable[..., Path]) -> dict[str, Path]:
+    """Issue 72's folders: each passes the file checks and loads, but the encoder it gives
+    cannot work (they used to be swapped in with a 200): no tokenizer files (a 5-token
+    fallback tokenizer), ``layer_norm_eps: NaN``, NaN weights, safetensors without the real
+    tensors, ``vocab_size`` 2,000,000 without an embedding tensor, a foreign tokenizer (ids
+    past the embedding: every search a 500 afterwards), a same-size foreign vocabulary and
+    random weights under the right names (a random encoder served). ``folder(name, skip)``
+    makes a linked copy of ``good`` without the files ``skip`` names."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoConfig, AutoModel
+
+    config = json.loads((good / "config.json").read_text())
+    weights = load_file(str(good / "model.safetensors"))
+    out: dict[str, Path] = {}
+
+    def with_config(name: str, **change: Any) -> Path:
+        f = folder(name, ("config.json",))
+        (f / "config.json").write_text(json.dumps({**config, **change}))
+        return f
+
+    out["no tokenizer files"] = folder("no_tokenizer", (
+        "tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"))
+    out["layer_norm_eps NaN"] = with_config("nan_eps", layer_norm_eps=float("nan"))
+    f = folder("nan_weights", ("model.safetensors",))
+    save_file({k: v * float("nan") if k.endswith("layer.0.output.dense.weight") else v
+               for k, v in weights.items()}, str(f / "model.safetensors"))
+    out["NaN weights"] = f
+    f = folder("missing_tensors", ("model.safetensors",))
+    save_file({k: v for k, v in weights.items() if "embeddings" in k},
+              str(f / "model.safetensors"))
+    out["safetensors without the encoder's tensors"] = f
+    f = with_config("huge_vocab", vocab_size=2_000_000)
+    (f / "model.safetensors").unlink()
+    save_file({k: v for k, v in weights.items() if "word_embeddings" not in k},
+              str(f / "model.safetensors"))
+    out["vocab_size 2,000,000 without an embedding tensor"] = f
+    vocab = (good / "vocab.txt").read_text().splitlines()
+    f = folder("foreign_tokenizer", ("tokenizer.json", "vocab.txt"))
+    (f / "vocab.txt").write_text("\n".join(vocab[:999] + [f"zz{i}" for i in range(20000)]
+                                           + vocab[999:]) + "\n")
+    out["foreign tokenizer (ids past the embedding)"] = f
+    f = folder("shuffled_tokenizer", ("tokenizer.json", "vocab.txt"))
+    words = vocab[999:]
+    random.Random(0).shuffle(words)
+    (f / "vocab.txt").write_text("\n".join(vocab[:999] + words) + "\n")
+    out["foreign vocabulary of the same size"] = f
+    f = folder("random_weights", ("model.safetensors",))
+    torch.manual_seed(0)
+    AutoModel.from_config(AutoConfig.from_pretrained(str(good))).save_pretrained(str(f))
+    out["random weights under the right names"] = f
+    return out
 
 
 def build_catalogue(token: str, reload_folders: dict[str, Path] | None = None) -> list[Probe]:
@@ -609,6 +668,11 @@ def build_catalogue(token: str, reload_folders: dict[str, Path] | None = None) -
     # encoder reloads from folders that must be refused, the old encoder still serving
     for name, folder in (reload_folders or {}).items():
         add("reload_folder", name, post_json(reload_path, {"path": str(folder)}))
+    # reload paths that are no file name (a lone surrogate was a 500 with a traceback)
+    for name, raw in (("lone surrogate", b'{"path": "\\ud800"}'),
+                      ("NUL character", b'{"path": "/tmp/a\\u0000b"}'),
+                      ("5000 characters", json.dumps({"path": "/" + "a" * 5000}).encode())):
+        add("reload_path", name, post(reload_path, raw))
     return probes
 
 
@@ -906,7 +970,10 @@ class ReloadCall(HttpAnswer):
     """One ``POST /admin/reload_encoder`` made while the clients search."""
 
     action: str
-    expected: str  # "200", "4xx" or "200|409" (two reloads at once: one may be refused)
+    #: "200", "4xx", "200|409" (two reloads at once: one may be refused) or "200|4xx" (a
+    #: weights file swapped for a FIFO while the reload runs: copied before the swap, or
+    #: refused naming the FIFO)
+    expected: str
     #: Which encoder a single check request found served right after the call.
     served_after: str = ""
     #: The encoder that should serve after it (the last accepted reload's).
@@ -920,6 +987,8 @@ class ReloadCall(HttpAnswer):
             ok = self.status == 200
         elif self.expected == "200|409":
             ok = self.status == 200 or (self.status == 409 and self.json_error)
+        elif self.expected == "200|4xx":
+            ok = self.status == 200 or (400 <= self.status < 500 and self.json_error)
         else:
             ok = 400 <= self.status < 500 and self.json_error
         return ok and self.served_after in (self.should_serve, "either")
@@ -1073,6 +1142,38 @@ def run_reload_under_load(port: int, token: str, references: dict[str, Reference
             call.should_serve, call.served_after = serving, after
         calls.extend(pair_calls)
 
+    def fifo_race(delay: float) -> None:
+        """A reload of a copy of the new encoder whose weights file is replaced by a FIFO
+        ``delay`` seconds after the request is sent (it blocked the load: a 504, and after two
+        every reload was a 503 until a restart)."""
+        nonlocal serving
+        race = new_encoder.parent / "fifo_race"
+        if race.exists():
+            import shutil
+
+            shutil.rmtree(race)
+        race.mkdir()
+        for entry in new_encoder.iterdir():
+            if entry.is_file():
+                os.link(entry, race / entry.name)
+
+        def swap() -> None:
+            time.sleep(delay)
+            (race / "model.safetensors").unlink()
+            os.mkfifo(race / "model.safetensors")
+
+        call = ReloadCall(f"weights swapped for a FIFO {delay * 1000:.0f} ms after the "
+                          f"request", "200|4xx")
+        swapper = threading.Thread(target=swap)
+        swapper.start()
+        record(call, reload_call(port, {"path": str(race)}, token, bound))
+        swapper.join()
+        if call.status == 200:
+            serving = "new"
+        call.should_serve = serving
+        call.served_after = served_encoder(port, token, references, questions)
+        calls.append(call)
+
     def reloader() -> None:
         new = {"path": str(new_encoder)}
         try:
@@ -1087,6 +1188,9 @@ def run_reload_under_load(port: int, token: str, references: dict[str, Reference
                 one("misspelled field (paht)", {"paht": str(new_encoder)}, token, "4xx", None)
                 pair()
                 one("restore ({}) after the pair", {}, token, "200", "old")
+                for delay in (0.0, 0.01, 0.05):
+                    fifo_race(delay)
+                one("restore ({}) after the FIFO races", {}, token, "200", "old")
         finally:
             done.set()
 
