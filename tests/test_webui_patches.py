@@ -872,7 +872,7 @@ def test_playground_refuses_a_question_longer_than_the_model_s_context(
     with pytest.raises(ValueError, match=f"more than the model's context of {limit:,}"):
         session.ask(question, "", 5, "g")
     out = ask_for_page(session, str(tiny_model_dir), "", "llama3", "", 5, "g", question)
-    assert out[0].startswith("error: ") and "shorten it" in out[0] and "\n" not in out[0]
+    assert out[0].startswith("error: ") and "shorten or drop" in out[0] and "\n" not in out[0]
 
 
 def test_playground_names_a_folder_that_is_not_a_model(tmp_path: Path) -> None:

@@ -80,7 +80,7 @@ from mmoa.precision import (
 # tests and scripts have always imported them from.
 __all__ = ["DECISION_AGENT_MODE", "DECISION_POLICIES", "EVAL_MODES", "METRICS_FILE",
            "PREDICTIONS_FILE", "SEARCH_AGENT_MODE", "EvalConfig", "_rouge_l",
-           "_support_precision", "_support_recall", "check_question_lengths",
+           "_support_precision", "_support_recall", "check_context", "check_question_lengths",
            "check_server_limits", "evaluate",
            "format_table", "load_metrics", "load_records", "score_decision_trajectory",
            "score_search_trajectory", "score_trace", "scoring_label", "scoring_legend",
@@ -339,6 +339,27 @@ def check_question_lengths(config: EvalConfig, records: Sequence[QARecord],
                          f"--max-query-chars {longest}")
 
 
+def check_context(config: EvalConfig, model: Any, tokenizer: Any,
+                  records: Sequence[QARecord]) -> None:
+    """Every question against the model's context, before anything is generated: each prompt
+    of ``config.mode`` that holds the question, plus the tokens that agent may write, must
+    fit (:mod:`mmoa.agents.context_limit`). Refused in one line naming the first question's
+    id and both sizes, not truncated: a cut question is scored against another question's
+    gold answer."""
+    from mmoa.agents.context_limit import check_questions_fit, model_context, question_prompts
+    from mmoa.agents.render import PromptRenderer
+
+    budgets = {"qr": config.max_new_tokens_qr, "selector": config.max_new_tokens_selector,
+               "generator": config.max_new_tokens_generator,
+               "search": config.max_new_tokens_search,
+               "decision": config.max_new_tokens_decision}
+    prompts = question_prompts(config.mode, budgets,
+                               search_max_queries=config.search_max_queries)
+    check_questions_fit(PromptRenderer(tokenizer, config.template),
+                        model_context(model, tokenizer), [r.question for r in records],
+                        prompts, [r.id for r in records])
+
+
 def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
     """Runs the pipeline of ``config.mode`` (:func:`mmoa.pipelines.pipeline_for_mode`) over the
     dataset and writes ``predictions.jsonl`` and ``metrics.json``."""
@@ -372,6 +393,7 @@ def evaluate(config: EvalConfig, *, progress: bool = True) -> dict[str, Any]:
         raise ValueError(f"model_name_or_path {config.model_name_or_path} cannot be loaded "
                          f"({type(err).__name__}: {str(err).strip().splitlines()[0]}); is it a "
                          f"complete model folder (config.json, weights, tokenizer)?") from err
+    check_context(config, model, tokenizer, records)
     from mmoa.agents.pipeline import GenerationSettings
 
     settings = GenerationSettings(

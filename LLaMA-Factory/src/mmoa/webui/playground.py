@@ -139,7 +139,8 @@ class PlaygroundSession:
         with self.lock:
             if self.key is None:
                 raise ValueError("load a model first")
-            check_question_fits_model(question, self.tokenizer, self.model)
+            check_question_fits_model(question, self.tokenizer, self.model, self.key.template,
+                                      mode)
             retriever = None
             if mode != "g":
                 retriever = RetrievalClient(retriever_url.strip(), timeout=30.0, retries=1)
@@ -155,17 +156,22 @@ class PlaygroundSession:
             return PlaygroundAnswer(trace, pipeline.last_timings.as_dict(), total, mode)
 
 
-def check_question_fits_model(question: str, tokenizer: Any, model: Any) -> None:
-    """Refuse a question longer than the model's context (``max_position_embeddings``) before
-    generating: it cannot be answered, and in mode ``g`` (no server limit applies) a 200,000-
-    character question otherwise held the Playground's one model for minutes."""
-    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if not isinstance(limit, int) or tokenizer is None:
+def check_question_fits_model(question: str, tokenizer: Any, model: Any, template: str,
+                              mode: str) -> None:
+    """Refuse, before generating, a question whose prompt for some agent of ``mode`` plus the
+    tokens that agent may write is longer than the model's context (``max_position_embeddings``
+    or the tokenizer's ``model_max_length``; :mod:`mmoa.agents.context_limit`, as ``mmoa-cli
+    eval`` does). In mode ``g`` no server limit applies: a 200,000-character question held the
+    Playground's one model for minutes, and a shorter one that fills the context leaves the
+    Generator no room for its answer (it wrote on past the positions it was trained on)."""
+    if tokenizer is None:
         return
-    tokens = len(tokenizer(question, add_special_tokens=False)["input_ids"])
-    if tokens >= limit:
-        raise ValueError(f"the question is {tokens:,} tokens, more than the model's context of "
-                         f"{limit:,}; shorten it")
+    from mmoa.agents.context_limit import check_questions_fit, model_context, question_prompts
+    from mmoa.agents.render import PromptRenderer
+    from mmoa.defaults import MAX_NEW_TOKENS
+
+    check_questions_fit(PromptRenderer(tokenizer, template), model_context(model, tokenizer),
+                        [question], question_prompts(mode, MAX_NEW_TOKENS))
 
 
 def retrieves(mode: str) -> bool:
