@@ -63,6 +63,27 @@ MIN_KL_COEF = 0.06
 GRPO_GROUP_SIZE = 4
 KL_LOSS_COEF = 0.0
 
+# The registered algorithms' own clip ranges (docs/mappo.md, Algorithms), used where the config
+# leaves mappo_cliprange / mappo_cliprange_high unset. DAPO's clip-higher (Yu et al. 2025,
+# section 3.1: eps_low 0.2, eps_high 0.28). GSPO's ratio is a response's geometric-mean token
+# ratio, which stays within about 1e-3 of 1, so PPO's 0.2 would never clip it: the GSPO paper
+# (Zheng et al. 2025, section 5.1) clips it to [1 - 3e-4, 1 + 4e-4].
+DAPO_CLIPRANGE_HIGH = 0.28
+GSPO_CLIPRANGE = 3e-4
+GSPO_CLIPRANGE_HIGH = 4e-4
+# DAPO's dynamic sampling (mappo_dapo_max_rounds): extra rollout rounds a step may make to fill
+# its batch with groups whose rewards differ (0: none, the filter alone). The paper samples
+# until the batch is full; the bound keeps a step's cost finite when nearly every group is flat.
+DAPO_MAX_ROUNDS = 4
+# DAPO's soft overlong punishment (mappo_overlong_buffer): the buffer L_cache as a share of each
+# agent's generation budget L_max (the paper: 4096 of 20480 tokens, 0.2; 0 = off, the default)
+# and the punishment at L_max (the paper's and verl's penalty_factor: 1).
+OVERLONG_BUFFER = 0.0
+OVERLONG_PENALTY_FACTOR = 1.0
+# Truncated importance sampling (mappo_tis_cap): the cap verl's TIS and TRL's
+# vllm_importance_sampling_cap use (2.0), documented here; the key is off (unset) by default.
+TIS_CAP = 2.0
+
 # The multi-turn search agent (``mappo_pipeline: search_agent``; RAG-R1 / Search-R1): queries per
 # search (RAG-R1's multi-query variant allows 3), search rounds before the answer is forced
 # (RAG-R1 trains with at most 4 retrievals), documents per query (both papers use top-3), new

@@ -134,7 +134,7 @@ class QrSGPipeline:
             top_p=args.mappo_top_p,
             max_new_tokens=args.max_new_tokens(),
             constrained_selector=args.mappo_constrained_selector,
-            record_logprobs=args.mappo_log_behaviour_ratio,
+            record_logprobs=args.record_sampling_logprobs,  # the ratio log, TIS
             record_support=args.mappo_masked_scoring,
             max_subquestions=args.mappo_qr_max_subquestions,
             cache=args.mappo_generation_cache,
@@ -183,7 +183,7 @@ class QrSGPipeline:
             counterfactual_stats,
             step_agent_stats,
         )
-        from mmoa.train.mappo.grpo import PipelineOutcome, group_samples
+        from mmoa.train.mappo.grpo import OverlongShaping, PipelineOutcome, group_samples
         from mmoa.train.mappo.rewards import compute_agent_rewards, retrieval_bonus
         from mmoa.train.mappo.samples import Sample
 
@@ -243,7 +243,8 @@ class QrSGPipeline:
                     for t in traces] for agent in credit}))
         if grouped:
             samples, group_logs = group_samples(outcomes, copies, agents, args.group_advantage,
-                                                args.group_filter)
+                                                args.group_filter,
+                                                OverlongShaping.from_args(args))
             summary.update(group_logs)
         # the mean score of every optimised agent's call, kept or filtered alike
         summary["reward"] = float(np.mean([logs[f"reward/{a}"] for a in agents]))

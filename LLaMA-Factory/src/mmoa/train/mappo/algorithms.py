@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from mmoa import defaults
 from mmoa.train.mappo.ppo_math import (
     GROUP_NORMALISATIONS,
+    LOG_RATIO_CLAMP,
     _group_rewards,
     compute_gae,
     group_relative_advantages,
@@ -54,6 +56,7 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "ALGORITHMS",
     "GROUP_ADVANTAGES",
+    "LOSS_SCOPES",
     "POLICY_LOSSES",
     "AdvantageInputs",
     "Advantages",
@@ -115,24 +118,32 @@ class Advantages:
 class LossSettings:
     """The policy loss's settings: the ratio is clipped to ``[1 - clip_low, 1 + clip_high]``;
     ``averaging`` is ``token``, ``sequence`` or ``constant`` (:func:`masked_average`), the last
-    dividing by ``norm_length`` tokens per row."""
+    dividing by ``norm_length`` tokens per row. ``total``: the whole batch's count of tokens
+    (``token``) or rows when the mean is over the batch (``mappo_loss_scope: batch``): the
+    loss of a micro-batch is then its share of that mean; ``None``: its own mean."""
 
     clip_low: float
     clip_high: float
     averaging: str = "token"
     norm_length: int | None = None
+    total: float | None = None
 
 
 GroupAdvantageFn = Callable[[torch.Tensor], torch.Tensor]
 AdvantageFn = Callable[[AdvantageInputs], Advantages]
-PolicyLossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LossSettings],
+#: ``fn(logprobs, old_logprobs, advantages, mask, settings, weights)``; ``weights``
+#: (``[B, T]`` or ``None``) multiply each token's loss before the averaging (truncated
+#: importance sampling, ``mappo_tis_cap``).
+PolicyLossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, LossSettings,
+                         torch.Tensor | None],
                         tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 #: ``name -> fn([Q, G] float64 rewards) -> [Q, G] advantages``, each group on its own.
 GROUP_ADVANTAGES: dict[str, GroupAdvantageFn] = {}
 #: ``name -> fn(AdvantageInputs) -> Advantages``.
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
-#: ``name -> fn(logprobs, old_logprobs, advantages, mask, LossSettings) -> (loss, stats)``.
+#: ``name -> fn(logprobs, old_logprobs, advantages, mask, LossSettings, weights)
+#: -> (loss, stats)``.
 POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 
 
@@ -303,22 +314,26 @@ def group_whitened_advantages(inputs: AdvantageInputs) -> Advantages:
 
 @register_policy_loss("clipped")
 def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                        advantages: torch.Tensor, mask: torch.Tensor, settings: LossSettings
+                        advantages: torch.Tensor, mask: torch.Tensor, settings: LossSettings,
+                        weights: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7), per token
     ``max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))`` with ``r = exp(logp - logp_old)``.
     ``eps_high > eps_low`` is DAPO's clip-higher (Yu et al. 2025, arXiv:2503.14476, section
     3.1): a low-probability token that did well may rise further before its gradient is cut,
     which keeps the policy's entropy from collapsing. Averaged by ``settings.averaging``
-    (:func:`~mmoa.train.mappo.ppo_math.policy_loss`)."""
+    (:func:`~mmoa.train.mappo.ppo_math.policy_loss`). verl's ``compute_policy_loss_vanilla``
+    without its dual clip (``clip_ratio_c``): the MMOA-RAG paper's and trl's PPO have none."""
     return policy_loss(logprobs, old_logprobs, advantages, mask, settings.clip_low,
                        settings.averaging, cliprange_high=settings.clip_high,
-                       norm_length=settings.norm_length)
+                       norm_length=settings.norm_length, total=settings.total,
+                       weights=weights)
 
 
 @register_policy_loss("gspo")
 def gspo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                     advantages: torch.Tensor, mask: torch.Tensor, settings: LossSettings
+                     advantages: torch.Tensor, mask: torch.Tensor, settings: LossSettings,
+                     weights: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071, eqs.
     5-7 and the GSPO-token form of section 4.3): the importance ratio of a whole response,
@@ -328,8 +343,13 @@ def gspo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
     as ``s_{i,t} = sg[s_i] * pi(y_t) / sg[pi(y_t)]`` (equal to ``s_i`` in value, and to GSPO's
     gradient when ``A_{i,t} = A_i``) and averaged per sequence first
     (``settings.averaging``, ``sequence`` for gspo). A response is clipped or not as a whole,
-    so one off-policy token no longer decides for its neighbours. The paper's clip ranges are
-    3e-4 / 4e-4 (``mappo_cliprange`` / ``mappo_cliprange_high``)."""
+    so one off-policy token no longer decides for its neighbours. A response's ratio is a
+    geometric mean of token ratios and stays within about 1e-3 of 1, so gspo registers the
+    paper's clip ranges, 3e-4 / 4e-4 (section 5.1), as its defaults of ``mappo_cliprange`` /
+    ``mappo_cliprange_high``; PPO's 0.2 would never clip. The log-ratio is clamped to
+    +-:data:`~mmoa.train.mappo.ppo_math.LOG_RATIO_CLAMP` before ``exp`` (verl's
+    ``compute_policy_loss_gspo`` clamps it at 10 above). ``weights`` multiply each token's
+    loss (truncated importance sampling)."""
     m = mask if mask.dtype == torch.bool else mask != 0
     if m.shape != logprobs.shape:
         raise ValueError(f"mask has shape {tuple(m.shape)} but logprobs have shape "
@@ -339,12 +359,15 @@ def gspo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
     advantages = torch.where(m, advantages.detach().to(logprobs.dtype), zero)
     lengths = m.sum(dim=1).clamp(min=1).to(logprobs.dtype)
     seq_log_ratio = log_ratio.sum(dim=1) / lengths  # [B]
-    token_log_ratio = logprobs - logprobs.detach() + seq_log_ratio.detach()[:, None]
+    token_log_ratio = (logprobs - logprobs.detach() + seq_log_ratio.detach()[:, None]).clamp(
+        -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(torch.where(m, token_log_ratio, zero))
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - settings.clip_low, 1.0 + settings.clip_high)
-    loss = masked_average(torch.maximum(unclipped, clipped), m, settings.averaging,
-                          settings.norm_length)
+    per_token = torch.maximum(unclipped, clipped)
+    if weights is not None:
+        per_token = per_token * torch.where(m, weights.detach().to(logprobs.dtype), zero)
+    loss = masked_average(per_token, m, settings.averaging, settings.norm_length, settings.total)
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean((clipped > unclipped).to(logprobs.dtype), m),
@@ -382,11 +405,22 @@ class Algorithm:
     kl: Literal["reward", "loss"] = "loss"
     #: The loss averaging it prescribes (``None``: ``mappo_loss_averaging``).
     loss_averaging: str | None = None
+    #: Over what its loss is averaged by default (``mappo_loss_scope``): ``micro_batch`` (each
+    #: micro-batch its own mean, divided by the accumulation count) or ``batch`` (the mean over
+    #: every token, or row, of an optimiser step, on every process: DAPO's and Dr. GRPO's).
+    loss_scope: str = "micro_batch"
+    #: Its default ``mappo_cliprange`` (``None``: PPO's 0.2).
+    cliprange: float | None = None
     #: Its default ``mappo_cliprange_high`` (``None``: ``mappo_cliprange``, symmetric).
     cliprange_high: float | None = None
     #: DAPO's dynamic sampling: the zero-variance groups are always left out
-    #: (``mappo_grpo_filter: skip``).
+    #: (``mappo_grpo_filter: skip``) and more groups are rolled out to refill the batch
+    #: (``mappo_dapo_max_rounds``).
     dynamic_sampling: bool = False
+    #: Its advantages are whitened over the whole batch by definition (REINFORCE++ and its
+    #: baseline variant): ``mappo_whiten_advantages: false`` and ``mappo_whiten_per_agent``
+    #: would change the algorithm and are refused.
+    batch_whitened: bool = False
     #: One line for the docs and the web UI.
     summary: str = ""
 
@@ -420,10 +454,36 @@ class Algorithm:
     def resolve_loss_averaging(self, averaging: str) -> str:
         return self.loss_averaging or averaging
 
-    def resolve_cliprange_high(self, cliprange: float, cliprange_high: float | None) -> float:
+    def resolve_cliprange(self, cliprange: float | None) -> float:
+        """The lower clip range: the configured one, else this algorithm's, else PPO's 0.2."""
+        if cliprange is not None:
+            return cliprange
+        return self.cliprange if self.cliprange is not None else defaults.CLIPRANGE
+
+    def resolve_cliprange_high(self, cliprange: float | None,
+                               cliprange_high: float | None) -> float:
+        """The upper clip range: the configured one, else this algorithm's own upper range
+        (dapo, gspo) unless only the lower one was configured, else the lower one."""
         if cliprange_high is not None:
             return cliprange_high
-        return self.cliprange_high if self.cliprange_high is not None else cliprange
+        if self.cliprange_high is not None and (cliprange is None or self.cliprange is None):
+            return self.cliprange_high
+        return self.resolve_cliprange(cliprange)
+
+    def clip_notes(self, cliprange: float | None, cliprange_high: float | None) -> list[str]:
+        """One line per clip range this algorithm has a default of and the config overrides
+        (the log says the paper's value is not the one in use), or that it applies."""
+        notes = []
+        for key, own, given in (("mappo_cliprange", self.cliprange, cliprange),
+                                ("mappo_cliprange_high", self.cliprange_high, cliprange_high)):
+            if own is None:
+                continue
+            if given is None:
+                notes.append(f"mappo_algorithm: {self.name}: {key} {own:g} (its paper's)")
+            elif given != own:
+                notes.append(f"mappo_algorithm: {self.name}: {key} {given:g} as configured "
+                             f"(its paper's is {own:g})")
+        return notes
 
     def group_filter(self, filter_mode: str) -> str:
         """The effective ``mappo_grpo_filter``: ``skip`` under dynamic sampling."""
@@ -432,6 +492,9 @@ class Algorithm:
 
 #: ``name -> Algorithm``, in registration order (the web UI's dropdown).
 ALGORITHMS: dict[str, Algorithm] = {}
+#: ``mappo_loss_scope``: a loss is each micro-batch's own mean (divided by the accumulation
+#: count), or its share of the mean over the whole optimiser step's batch on every process.
+LOSS_SCOPES: tuple[str, ...] = ("micro_batch", "batch")
 
 
 def register_algorithm(algorithm: Algorithm) -> Algorithm:
@@ -448,9 +511,12 @@ def register_algorithm(algorithm: Algorithm) -> Algorithm:
         raise ValueError(f"{algorithm.name}: kl must be reward or loss, got {algorithm.kl!r}")
     if algorithm.value_head and algorithm.grouped:
         raise ValueError(f"{algorithm.name}: a grouped algorithm has no value head")
-    if algorithm.cliprange_high is not None and not (math.isfinite(algorithm.cliprange_high)
-                                                     and algorithm.cliprange_high > 0):
-        raise ValueError(f"{algorithm.name}: cliprange_high must be > 0")
+    for name in ("cliprange", "cliprange_high"):
+        value = getattr(algorithm, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{algorithm.name}: {name} must be > 0")
+    if algorithm.loss_scope not in LOSS_SCOPES:
+        raise ValueError(f"{algorithm.name}: loss_scope must be one of {', '.join(LOSS_SCOPES)}")
     _register(ALGORITHMS, "algorithm", algorithm.name)(algorithm)
     return algorithm
 
@@ -479,26 +545,29 @@ register_algorithm(Algorithm(
     summary="critic-free, group-normalised advantages (mappo_grpo_normalise), k3 KL loss"))
 register_algorithm(Algorithm(
     "dr_grpo", "Liu et al. 2025 (Dr. GRPO, arXiv:2503.20783)", advantage="group",
-    group_advantages=("mean",), loss_averaging="constant",
-    summary="GRPO without the std division and the per-response length normalisation"))
+    group_advantages=("mean",), loss_averaging="constant", loss_scope="batch",
+    summary="GRPO without the std division and the per-response length normalisation: "
+            "summed over the batch, divided by a constant generation budget"))
 register_algorithm(Algorithm(
     "rloo", "Ahmadian et al. 2024 (RLOO, arXiv:2402.14740)", advantage="group",
     group_advantages=("rloo",),
     summary="leave-one-out group baseline"))
 register_algorithm(Algorithm(
     "reinforce_plus_plus", "Hu 2025 (REINFORCE++, arXiv:2501.03262)",
-    advantage="reinforce_plus_plus", kl="reward",
+    advantage="reinforce_plus_plus", kl="reward", batch_whitened=True,
     summary="no critic, no group: KL-penalised return to go, normalised over the batch"))
 register_algorithm(Algorithm(
     "reinforce_plus_plus_baseline", "Hu 2025 (REINFORCE++-baseline, arXiv:2501.03262)",
-    advantage="group_whitened", group_advantages=("mean",),
+    advantage="group_whitened", group_advantages=("mean",), batch_whitened=True,
     summary="group-mean baseline, then normalised over the batch"))
 register_algorithm(Algorithm(
     "dapo", "Yu et al. 2025 (DAPO, arXiv:2503.14476)", advantage="group",
-    group_advantages=("mean_std",), loss_averaging="token", cliprange_high=0.28,
-    dynamic_sampling=True,
-    summary="clip-higher (0.2 / 0.28), token-level loss, zero-variance groups skipped"))
+    group_advantages=("mean_std",), loss_averaging="token", loss_scope="batch",
+    cliprange_high=defaults.DAPO_CLIPRANGE_HIGH, dynamic_sampling=True,
+    summary="clip-higher (0.2 / 0.28), token mean over the batch, dynamic sampling (flat "
+            "groups dropped, more rolled out to refill the batch)"))
 register_algorithm(Algorithm(
     "gspo", "Zheng et al. 2025 (GSPO, arXiv:2507.18071)", advantage="group",
     group_advantages=("mean_std",), policy_loss="gspo", loss_averaging="sequence",
-    summary="sequence-level importance ratio, clipped per response"))
+    cliprange=defaults.GSPO_CLIPRANGE, cliprange_high=defaults.GSPO_CLIPRANGE_HIGH,
+    summary="sequence-level importance ratio, clipped per response to [1 - 3e-4, 1 + 4e-4]"))

@@ -40,7 +40,7 @@ from mmoa.agents.prompts import AGENTS
 from mmoa.config_values import typed_fields, typed_value
 from mmoa.pipelines import Pipeline, get_pipeline, pipeline_names
 from mmoa.retrieval.client import DEFAULT_URL
-from mmoa.train.mappo.algorithms import Algorithm, algorithm_names, get_algorithm
+from mmoa.train.mappo.algorithms import LOSS_SCOPES, Algorithm, algorithm_names, get_algorithm
 from mmoa.train.mappo.ppo_math import (
     GROUP_NORMALISATIONS,
     KL_KINDS,
@@ -125,12 +125,50 @@ class MappoArguments:
     mappo_grpo_filter: str = field(
         default="none",
         metadata={"help": "grpo: none, or skip: leave out the samples of groups whose G "
-                          "rewards are equal and that no penalty moved (advantage 0)."})
+                          "rewards are equal (max - min <= 1e-9) and that no penalty moved."})
     mappo_loss_averaging: str = field(
         default="token",
-        metadata={"help": "token (mean over a mini-batch's tokens), sequence (mean of each "
-                          "sample's token mean) or constant (sum over tokens / (samples x the "
-                          "widest response); Dr. GRPO). dapo, dr_grpo and gspo use their own."})
+        metadata={"help": "token (mean over tokens), sequence (mean of each sample's token "
+                          "mean) or constant (sum over tokens / (samples x "
+                          "mappo_loss_norm_length); Dr. GRPO). dapo, dr_grpo and gspo use "
+                          "their own."})
+    mappo_loss_scope: str | None = field(
+        default=None,
+        metadata={"help": "What a loss mean is over: micro_batch (each micro-batch its own "
+                          "mean, divided by the accumulation count; ppo, grpo, ...) or batch "
+                          "(every token or sample of an optimiser step, on every process: "
+                          "dapo's and dr_grpo's default). Unset: the algorithm's."})
+    mappo_loss_norm_length: int | None = field(
+        default=None,
+        metadata={"help": "The constant tokens per sample of the constant averaging (Dr. "
+                          "GRPO's generation budget). Unset: the largest generation budget of "
+                          "the optimised agents (qr_s_g: mappo_max_new_tokens_*; search and "
+                          "decision agents: tokens per turn x turns)."})
+    mappo_dapo_max_rounds: int = field(
+        default=defaults.DAPO_MAX_ROUNDS,
+        metadata={"help": "dapo's dynamic sampling: extra rollout rounds a step may make to "
+                          "fill its batch with groups whose rewards differ (0: none, the "
+                          "filter alone)."})
+    mappo_overlong_buffer: float = field(
+        default=defaults.OVERLONG_BUFFER,
+        metadata={"help": "DAPO's soft overlong punishment (grouped algorithms, qr_s_g): the "
+                          "buffer L_cache as a share of each agent's mappo_max_new_tokens_* "
+                          "(L_max); a response longer than L_max - L_cache loses up to "
+                          "mappo_overlong_penalty_factor of reward. 0: off (the paper: 0.2)."})
+    mappo_overlong_penalty_factor: float = field(
+        default=defaults.OVERLONG_PENALTY_FACTOR,
+        metadata={"help": "The soft overlong punishment at L_max (the paper's 1)."})
+    mappo_overlong_filter: bool = field(
+        default=False,
+        metadata={"help": "DAPO's overlong filtering (grouped algorithms, qr_s_g): responses "
+                          "that reached their agent's mappo_max_new_tokens_* are left out of "
+                          "the loss (their rewards still count in their groups)."})
+    mappo_tis_cap: float | None = field(
+        default=None,
+        metadata={"help": "Truncated importance sampling (verl's TIS; qr_s_g): each token's "
+                          "policy loss is multiplied by min(p_scored / p_sampled, cap), the "
+                          "correction for sampling with the rollout copy, top-p and the "
+                          "Selector's grammar. Unset: off (verl and TRL use 2)."})
     mappo_kl_loss_coef: float = field(
         default=defaults.KL_LOSS_COEF,
         metadata={"help": "algorithms with a KL loss (grpo, ...): weight of the k3 "
@@ -319,12 +357,16 @@ class MappoArguments:
                           "reward: 'kl' (k1, logp - logp_ref, PPO's and the original's), "
                           "'low_var_kl' (k3, Schulman's: never negative, lower variance; "
                           "verl's kl_penalty), 'abs' or 'mse'."})
-    mappo_cliprange: float = defaults.CLIPRANGE
+    mappo_cliprange: float | None = field(
+        default=None,
+        metadata={"help": "Lower clip range: ratios are clipped to [1 - mappo_cliprange, "
+                          "1 + mappo_cliprange_high]. Unset: the algorithm's (gspo: 3e-4), "
+                          "else 0.2."})
     mappo_cliprange_high: float | None = field(
         default=None,
         metadata={"help": "Upper clip range (clip-higher, DAPO): ratios are clipped to "
-                          "[1 - mappo_cliprange, 1 + mappo_cliprange_high]; unset: "
-                          "mappo_cliprange (dapo: 0.28)."})
+                          "[1 - mappo_cliprange, 1 + mappo_cliprange_high]; unset: the "
+                          "algorithm's (dapo: 0.28, gspo: 4e-4), else mappo_cliprange."})
     mappo_cliprange_value: float = defaults.CLIPRANGE_VALUE
     mappo_vf_coef: float = defaults.VF_COEF
     mappo_gamma: float = defaults.GAMMA
@@ -388,11 +430,13 @@ class MappoArguments:
                               ("mappo_grpo_normalise", GROUP_NORMALISATIONS),
                               ("mappo_grpo_filter", GRPO_FILTERS),
                               ("mappo_loss_averaging", LOSS_AVERAGING),
+                              ("mappo_loss_scope", (None, *LOSS_SCOPES)),
                               ("mappo_kl_reward", KL_SHAPES),
                               ("mappo_kl_estimator", KL_KINDS),
                               ("mappo_generation_cache", GENERATION_CACHES)):
             if getattr(self, name) not in choices:
-                raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
+                named = ", ".join(c for c in choices if c is not None)
+                raise ValueError(f"{name} must be one of {named}, got "
                                  f"{getattr(self, name)!r}")
         if not 0 < self.mappo_top_p <= 1 or self.mappo_temperature <= 0:
             raise ValueError("mappo_top_p must be in (0, 1] and mappo_temperature > 0")
@@ -440,8 +484,10 @@ class MappoArguments:
             raise ValueError(f"mappo_retriever_retries must be >= 0, got "
                              f"{self.mappo_retriever_retries}")
         for name in ("mappo_retriever_timeout", "mappo_cliprange", "mappo_cliprange_value",
-                     "mappo_kl_horizon", "mappo_ratio_threshold"):
+                     "mappo_kl_horizon", "mappo_ratio_threshold", "mappo_tis_cap"):
             value = getattr(self, name)
+            if value is None and name in ("mappo_cliprange", "mappo_tis_cap"):
+                continue  # unset: the algorithm's clip range; TIS off
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value}")
         for name in ("mappo_vf_coef", "mappo_init_kl_coef", "mappo_min_kl_coef",
@@ -503,6 +549,60 @@ class MappoArguments:
         high = self.mappo_cliprange_high
         if high is not None and not (math.isfinite(high) and high > 0):
             raise ValueError(f"mappo_cliprange_high must be a finite number > 0, got {high}")
+        if algorithm.batch_whitened and (not self.mappo_whiten_advantages
+                                         or self.mappo_whiten_per_agent):
+            key = ("mappo_whiten_advantages: false" if not self.mappo_whiten_advantages
+                   else "mappo_whiten_per_agent: true")
+            raise ValueError(f"{key}: mappo_algorithm: {algorithm.name} normalises its "
+                             f"advantages over the whole batch by definition (REINFORCE++'s "
+                             f"global batch normalisation); remove the key")
+        self._check_loss_keys(algorithm)
+        self._check_dapo_keys(algorithm)
+
+    def _check_loss_keys(self, algorithm: Algorithm) -> None:
+        """The constant of the ``constant`` averaging only where that averaging is used."""
+        length = self.mappo_loss_norm_length
+        if length is not None and length < 1:
+            raise ValueError(f"mappo_loss_norm_length must be at least 1, got {length}")
+        averaging = algorithm.resolve_loss_averaging(self.mappo_loss_averaging)
+        if length is not None and averaging != "constant":
+            raise ValueError(f"mappo_loss_norm_length is the constant of mappo_loss_averaging: "
+                             f"constant; mappo_algorithm: {algorithm.name} averages by "
+                             f"{averaging}")
+        if self.mappo_tis_cap is not None and self.is_multiturn:
+            raise ValueError(f"mappo_tis_cap needs each token's sampling log-prob, which only "
+                             f"the qr_s_g pipeline records; mappo_pipeline: "
+                             f"{self.mappo_pipeline} does not")
+
+    def _check_dapo_keys(self, algorithm: Algorithm) -> None:
+        """DAPO's options: the refill rounds under dynamic sampling only; the overlong
+        shaping and filter under a grouped algorithm of the qr_s_g pipeline (the reward of an
+        agent's response length enters its group, and only the three agents have one
+        generation budget per response)."""
+        rounds = self.mappo_dapo_max_rounds
+        if rounds < 0:
+            raise ValueError(f"mappo_dapo_max_rounds must be at least 0, got {rounds}")
+        if rounds != defaults.DAPO_MAX_ROUNDS and not algorithm.dynamic_sampling:
+            sampling = [a.name for a in map(get_algorithm, algorithm_names())
+                        if a.dynamic_sampling]
+            raise ValueError(f"mappo_dapo_max_rounds refills the batch of the dynamic sampling "
+                             f"of mappo_algorithm: {', '.join(sampling)}; "
+                             f"{algorithm.name} has none")
+        buffer, factor = self.mappo_overlong_buffer, self.mappo_overlong_penalty_factor
+        if not (math.isfinite(buffer) and 0 <= buffer <= 1):
+            raise ValueError(f"mappo_overlong_buffer must be a share in [0, 1] of each agent's "
+                             f"generation budget, got {buffer}")
+        if not (math.isfinite(factor) and factor >= 0):
+            raise ValueError(f"mappo_overlong_penalty_factor must be a finite number >= 0, "
+                             f"got {factor}")
+        for key, on in (("mappo_overlong_buffer", buffer > 0),
+                        ("mappo_overlong_filter", self.mappo_overlong_filter)):
+            if on and not algorithm.grouped:
+                raise ValueError(f"{key} shapes the rewards of a group of rollouts; "
+                                 f"mappo_algorithm: {algorithm.name} has no groups")
+            if on and self.is_multiturn:
+                raise ValueError(f"{key} needs one generation budget per response (the qr_s_g "
+                                 f"agents'); mappo_pipeline: {self.mappo_pipeline} has turns")
 
     def _check_counterfactual(self) -> None:
         """The counterfactual credit's agents: each one the pipeline has a default for, named
@@ -595,6 +695,37 @@ class MappoArguments:
         return {"qr": self.mappo_max_new_tokens_qr,
                 "selector": self.mappo_max_new_tokens_selector,
                 "generator": self.mappo_max_new_tokens_generator}
+
+    @property
+    def record_sampling_logprobs(self) -> bool:
+        """Whether rollouts record each token's log-prob under the sampler's distribution:
+        for the behaviour-ratio log and for truncated importance sampling."""
+        return self.mappo_log_behaviour_ratio or self.mappo_tis_cap is not None
+
+    @property
+    def loss_norm_length(self) -> int:
+        """The constant tokens per sample of the ``constant`` averaging: the configured one,
+        else the most tokens an optimised agent may write in one response (Dr. GRPO divides
+        by the generation budget, so the gradient's scale does not move with the step's
+        longest response). The multi-turn agents write up to their per-turn budget in every
+        turn (retrieved tokens are masked out of the sum, so they are not counted)."""
+        if self.mappo_loss_norm_length is not None:
+            return self.mappo_loss_norm_length
+        if self.is_search_agent:
+            return self.mappo_max_new_tokens_search * (self.mappo_search_max_turns + 1)
+        if self.is_decision_agent:
+            return self.mappo_max_new_tokens_decision * (self.mappo_decision_max_searches + 1)
+        budgets = self.max_new_tokens()
+        return max(budgets[agent] for agent in self.optimized_agents)
+
+    @property
+    def overlong_limits(self) -> dict[str, int]:
+        """``agent -> L_max``, each optimised agent's generation budget: what DAPO's overlong
+        shaping and filter measure a response against (empty with both off)."""
+        if self.mappo_overlong_buffer <= 0 and not self.mappo_overlong_filter:
+            return {}
+        budgets = self.max_new_tokens()
+        return {agent: budgets[agent] for agent in self.optimized_agents}
 
 
 def split_mappo_args(config: dict[str, Any]) -> tuple[MappoArguments, dict[str, Any]]:

@@ -54,14 +54,17 @@ from mmoa.train.mappo.algorithms import (
     get_algorithm,
 )
 from mmoa.train.mappo.ppo_math import (
+    FLAT_GROUP_TOL,
     AdaptiveKLController,
     FixedKLController,
     entropy_from_logits,
     kl_loss,
     logprobs_from_logits,
+    loss_count,
     masked_mean,
     per_token_kl,
     restrict_to_support,
+    tis_weights,
     value_loss,
 )
 from mmoa.train.mappo.samples import (
@@ -292,7 +295,8 @@ class PPOConfig:
     mini_batch_size: int = 4
     gradient_accumulation_steps: int = 1
     forward_batch_size: int = 8
-    cliprange: float = defaults.CLIPRANGE
+    #: Lower clip range; ``None``: the algorithm's own (gspo 3e-4), else PPO's 0.2.
+    cliprange: float | None = None
     cliprange_value: float = defaults.CLIPRANGE_VALUE
     vf_coef: float = defaults.VF_COEF
     gamma: float = defaults.GAMMA
@@ -326,20 +330,43 @@ class PPOConfig:
     #: skips the reference pass.
     kl_loss_coef: float = defaults.KL_LOSS_COEF
     #: Upper clip range (clip-higher): ratios are clipped to [1 - cliprange, 1 +
-    #: cliprange_high]; None: the algorithm's default (dapo 0.28), else cliprange.
+    #: cliprange_high]; None: the algorithm's default (dapo 0.28, gspo 4e-4), else cliprange.
     cliprange_high: float | None = None
+    #: ``micro_batch`` or ``batch`` (``mappo_loss_scope``); ``None``: the algorithm's own
+    #: (dapo and dr_grpo: ``batch``, the others ``micro_batch``).
+    loss_scope: str | None = None
+    #: The constant tokens per row of the ``constant`` averaging (Dr. GRPO's generation
+    #: budget, ``mappo_loss_norm_length``); ``None``: the rollout's widest response.
+    norm_length: int | None = None
+    #: Truncated importance sampling (``mappo_tis_cap``): each token's policy loss is
+    #: multiplied by ``min(exp(old - sampled), tis_cap)``; ``None``: off.
+    tis_cap: float | None = None
 
     @property
     def spec(self) -> Algorithm:
         """The registered algorithm."""
         return get_algorithm(self.algorithm)
 
-    def loss_settings(self, norm_length: int | None = None) -> LossSettings:
-        """The policy loss's clip range and averaging under :attr:`spec`."""
+    @property
+    def scope(self) -> str:
+        """The loss scope in effect (:attr:`loss_scope`, else the algorithm's)."""
+        return self.loss_scope or self.spec.loss_scope
+
+    @property
+    def averaging(self) -> str:
+        """The loss averaging in effect (the algorithm's, where it prescribes one)."""
+        return self.spec.resolve_loss_averaging(self.loss_averaging)
+
+    def loss_settings(self, norm_length: int | None = None,
+                      total: float | None = None) -> LossSettings:
+        """The policy loss's clip range and averaging under :attr:`spec`; ``norm_length``
+        (the rollout's widest response) is used where :attr:`norm_length` is unset."""
         spec = self.spec
-        return LossSettings(self.cliprange,
+        return LossSettings(spec.resolve_cliprange(self.cliprange),
                             spec.resolve_cliprange_high(self.cliprange, self.cliprange_high),
-                            spec.resolve_loss_averaging(self.loss_averaging), norm_length)
+                            self.averaging,
+                            self.norm_length if self.norm_length is not None else norm_length,
+                            total)
 
 
 @dataclass
@@ -359,6 +386,8 @@ class Rollout:
     kl: torch.Tensor | None
     advantages: torch.Tensor
     returns: torch.Tensor | None
+    #: Truncated importance sampling weights (``[B, T]``, ``mappo_tis_cap``), ``None``: off.
+    tis_weights: torch.Tensor | None = None
 
 
 class PPOLearner:
@@ -409,6 +438,8 @@ class PPOLearner:
         self.engine_steps = engine_steps
         self.all_reduce = all_reduce or (lambda tensor: tensor)
         self.no_sync = no_sync
+        #: Processes averaging gradients, asked once (:meth:`_processes`).
+        self._world: int | None = None
         #: Samples the last ``prepare`` dropped for an empty response.
         self.dropped_empty = 0
         #: Hooks the trainer sets (progress inside a step and the stop request): called with
@@ -481,6 +512,10 @@ class PPOLearner:
         full = collate(samples, self.pad_id).to(self.device)
         width = full.response_mask.shape[1]
         old_logprobs = _pad_cat(old, width)
+        tis = None
+        if self.config.tis_cap is not None:
+            tis = tis_weights(old_logprobs, sampling_logprobs(samples, width, self.device),
+                              full.response_mask, self.config.tis_cap)
         ref_logprobs = _pad_cat(ref, width) if with_ref else None
         value_t = _pad_cat(values, width) if algorithm.value_head else None
         cfg = self.config
@@ -492,7 +527,7 @@ class PPOLearner:
             whiten_advantages=cfg.whiten_advantages, whiten_per_agent=cfg.whiten_per_agent,
             whiten_rewards=cfg.whiten_rewards))
         return Rollout(list(samples), full, old_logprobs, ref_logprobs, value_t, out.rewards,
-                       out.kl, out.advantages, out.returns)
+                       out.kl, out.advantages, out.returns, tis)
 
     # -- the update ----------------------------------------------------------------------------
 
@@ -504,9 +539,19 @@ class PPOLearner:
         dropping the gradients of an unfinished accumulation group: before any optimiser
         step it raises :class:`~mmoa.train.stop.StepAbandoned` (nothing changed, the step can
         be discarded); after one the statistics of the groups that ran come back with
-        ``stopped_early`` = 1 and ``updates`` = those groups."""
+        ``stopped_early`` = 1 and ``updates`` = those groups.
+
+        Dropout is switched off in the policy first (:func:`disable_dropout`): the old
+        log-probs were scored in eval mode, and a ratio between a dropped-out forward pass and
+        an intact one would be noise, not the policy's change.
+
+        Under ``loss_scope: batch`` each accumulation group's tokens (or rows) are counted on
+        every process first (one all-reduce per epoch) and every micro-batch's loss is its sum
+        over that total: the mean over the whole optimiser step, whatever the micro-batches'
+        lengths (:meth:`_group_totals`)."""
         cfg = self.config
         self.model.train()
+        disable_dropout(self.unwrap(self.model))
         stats: dict[str, list[float]] = defaultdict(list)
         n = len(rollout.samples)
         micro = max(1, cfg.mini_batch_size)
@@ -518,13 +563,17 @@ class PPOLearner:
         self._report("update", 0, total)
         for _ in range(cfg.ppo_epochs):
             batches = minibatches(n, micro, self.generator)
-            for start in range(0, len(batches), cfg.gradient_accumulation_steps):
+            starts = range(0, len(batches), cfg.gradient_accumulation_steps)
+            totals = self._group_totals(rollout, [
+                batches[start: start + cfg.gradient_accumulation_steps] for start in starts])
+            for group_index, start in enumerate(starts):
                 group = batches[start: start + cfg.gradient_accumulation_steps]
+                total = None if totals is None else totals[group_index]
                 if self._should_stop():
                     stopped = True
                     break
                 if self.engine_steps:
-                    reasons = self._engine_group(rollout, group, stats)
+                    reasons = self._engine_group(rollout, group, stats, total)
                     skipped += NONFINITE in reasons
                     ratio_skips += RATIO in reasons
                     done += len(group)
@@ -538,7 +587,7 @@ class PPOLearner:
                     if position and self._stop_anywhere and self._should_stop():
                         stopped = True
                         break
-                    loss, step_stats = self._loss(rollout, indices, len(group))
+                    loss, step_stats = self._loss(rollout, indices, len(group), total)
                     skip = self._agreed_skip(loss, step_stats)
                     if skip is not None:
                         break
@@ -588,14 +637,37 @@ class PPOLearner:
         if self.on_progress is not None:
             self.on_progress(phase, done, total)
 
+    def _group_totals(self, rollout: Rollout, groups: Sequence[Sequence[Sequence[int]]]
+                      ) -> list[float] | None:
+        """Under ``loss_scope: batch``: for each accumulation group (an optimiser step) the
+        count :func:`~mmoa.train.mappo.ppo_math.masked_average` divides by, tokens or rows, summed
+        over the group's micro-batches and over every process (one all-reduce; every process
+        has as many groups, as DDP needs anyway). ``None`` under ``micro_batch``."""
+        cfg = self.config
+        if cfg.scope != "batch":
+            return None
+        mask = rollout.batch.response_mask
+        counts = [float(sum(loss_count(mask[torch.tensor(indices, device=mask.device)],
+                                       cfg.averaging) for indices in group))
+                  for group in groups]
+        totals = self.all_reduce(torch.tensor(counts, dtype=torch.float64, device=self.device))
+        return [max(float(t), 1.0) for t in totals.tolist()]
+
+    def _processes(self) -> int:
+        """How many processes average their gradients (1 without ``all_reduce``)."""
+        if self._world is None:
+            self._world = round(float(self.all_reduce(
+                torch.ones(1, dtype=torch.float64, device=self.device))[0]))
+        return self._world
+
     def _engine_group(self, rollout: Rollout, group: list[list[int]],
-                      stats: dict[str, list[float]]) -> set[str]:
+                      stats: dict[str, list[float]], total: float | None = None) -> set[str]:
         """One accumulation group under an engine that steps itself; returns why micro-batches
         of it were left out (``NONFINITE``, ``RATIO``): each back-propagated zero instead, as
         the engine counts every micro-batch."""
         reasons: set[str] = set()
         for position, indices in enumerate(group):
-            loss, step_stats = self._loss(rollout, indices, len(group))
+            loss, step_stats = self._loss(rollout, indices, len(group), total)
             skip = self._agreed_skip(loss, step_stats)
             if skip is None:
                 for key, value in step_stats.items():
@@ -609,8 +681,19 @@ class PPOLearner:
             stats["grad_norm"].append(float(grad_norm))
         return reasons
 
-    def _loss(self, rollout: Rollout, indices: list[int], group_size: int
-              ) -> tuple[torch.Tensor, dict[str, float]]:
+    def _loss(self, rollout: Rollout, indices: list[int], group_size: int,
+              total: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """One micro-batch's loss for ``backward`` and its statistics.
+
+        ``total`` is ``None`` under ``loss_scope: micro_batch``: the policy (and KL) loss is
+        the micro-batch's own mean, and the whole loss is divided by the accumulation count
+        ``group_size`` (trl's PPO, the recorded golden values). Otherwise it is the
+        accumulation group's count on every process (:meth:`_group_totals`): the policy and
+        KL losses are this micro-batch's share of the group's mean, times the number of
+        processes (DDP and DeepSpeed average the processes' gradients), so the step's gradient
+        is that of the mean over every token (or row) of the step; the value loss stays a
+        micro-batch mean over ``group_size``. The logged losses are the micro-batch's own
+        means either way."""
         cfg = self.config
         samples = [rollout.samples[i] for i in indices]
         batch = collate(samples, self.pad_id).to(self.device)
@@ -621,36 +704,52 @@ class PPOLearner:
         mask = batch.response_mask
         logprobs, values, entropy = self.model(batch, with_entropy=True)
         algorithm = cfg.spec
-        # the rollout's widest response: the "constant" averaging's tokens per sequence, the
-        # same for every mini-batch of the update
-        settings = cfg.loss_settings(norm_length=rollout.batch.response_mask.shape[1])
+        # the rollout's widest response: the "constant" averaging's tokens per sequence where
+        # no constant is configured, the same for every mini-batch of the update
+        settings = cfg.loss_settings(norm_length=rollout.batch.response_mask.shape[1],
+                                     total=total)
+        weights = None if rollout.tis_weights is None else rollout.tis_weights[index, :width]
         pg_loss, pg_stats = POLICY_LOSSES[algorithm.policy_loss](logprobs, old, adv, mask,
-                                                                 settings)
+                                                                 settings, weights)
+        # a share of the group's mean back to this micro-batch's own mean, for the logs
+        own = 1.0 if total is None else total / max(loss_count(mask, settings.averaging), 1)
         step_stats = {
-            "policy_loss": float(pg_loss.detach()),
+            "policy_loss": float(pg_loss.detach()) * own,
             "entropy": float(masked_mean(entropy, mask).detach()) if entropy is not None else 0.0,
             **{k: float(v) for k, v in pg_stats.items()},
         }
         if entropy is not None:
             step_stats.update(agent_token_sums("entropy", samples, entropy.detach(), mask))
-        loss = pg_loss
+        vf_loss = kl_term = None
         if algorithm.value_head:
             assert rollout.returns is not None and rollout.values is not None \
                 and values is not None
             ret = rollout.returns[index, :width]
             old_values = rollout.values[index, :width]
             vf_loss, vf_stats = value_loss(values, old_values, ret, mask, cfg.cliprange_value)
-            loss = pg_loss + cfg.vf_coef * vf_loss
             step_stats["value_loss"] = float(vf_loss.detach())
             step_stats.update({k: float(v) for k, v in vf_stats.items()})
         if algorithm.kl == "loss" and cfg.kl_loss_coef > 0:
             assert rollout.ref_logprobs is not None
-            term = kl_loss(logprobs, rollout.ref_logprobs[index, :width], mask,
-                           settings.averaging, settings.norm_length)
-            loss = loss + cfg.kl_loss_coef * term
-            step_stats["kl_loss"] = float(term.detach())
-        step_stats["loss"] = float(loss.detach())
-        return loss / group_size, step_stats
+            kl_term = kl_loss(logprobs, rollout.ref_logprobs[index, :width], mask,
+                              settings.averaging, settings.norm_length, settings.total)
+            step_stats["kl_loss"] = float(kl_term.detach()) * own
+        if total is None:  # the micro-batch's mean over the accumulation count, as before
+            loss = pg_loss
+            if vf_loss is not None:
+                loss = pg_loss + cfg.vf_coef * vf_loss
+            if kl_term is not None:
+                loss = loss + cfg.kl_loss_coef * kl_term
+            step_stats["loss"] = float(loss.detach())
+            return loss / group_size, step_stats
+        shares = pg_loss if kl_term is None else pg_loss + cfg.kl_loss_coef * kl_term
+        loss = shares * self._processes()
+        step_stats["loss"] = step_stats["policy_loss"] + cfg.kl_loss_coef * step_stats.get(
+            "kl_loss", 0.0)
+        if vf_loss is not None:
+            loss = loss + cfg.vf_coef * vf_loss / group_size
+            step_stats["loss"] += cfg.vf_coef * step_stats["value_loss"]
+        return loss, step_stats
 
     def kl_coefficients(self, samples: Sequence[Sample]) -> float | torch.Tensor:
         """The KL reward's coefficient: the controller's value, or with per-agent scales a
@@ -745,6 +844,74 @@ def behaviour_ratio_stats(rollout: Rollout) -> dict[str, float]:
     return out
 
 
+def sampling_logprobs(samples: Sequence[Sample], width: int,
+                      device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[B, width]``: each sample's recorded sampling log-probs (:attr:`Sample.sampling_logprobs`,
+    the rollout's own distribution), ``nan`` where none was recorded and at padding."""
+    out = torch.full((len(samples), width), math.nan, dtype=torch.float32)
+    for row, sample in enumerate(samples):
+        if sample.sampling_logprobs is not None:
+            values = sample.sampling_logprobs[:width]
+            out[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
+    return out.to(device)
+
+
+def tis_stats(rollout: Rollout) -> dict[str, float]:
+    """``tis/weight_mean`` (the mean truncated importance weight over the response tokens with
+    a recorded sampling log-prob), ``tis/capped_fraction`` (the share of those whose weight the
+    cap cut) and ``tis/weight_min``; empty with TIS off or nothing recorded."""
+    if rollout.tis_weights is None:
+        return {}
+    width = rollout.tis_weights.shape[1]
+    sampled = sampling_logprobs(rollout.samples, width, rollout.tis_weights.device)
+    known = rollout.batch.response_mask.bool() & torch.isfinite(sampled)
+    if not bool(known.any()):
+        return {}
+    weights = rollout.tis_weights[known].float()
+    ratio = torch.exp(rollout.old_logprobs[known].float() - sampled[known])
+    return {"tis/weight_mean": float(weights.mean()),
+            "tis/weight_min": float(weights.min()),
+            "tis/capped_fraction": float((ratio > weights).float().mean())}
+
+
+#: Dropout modules of torch; their ``p`` is set to 0 by :func:`disable_dropout`.
+_DROPOUT_TYPES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+                  nn.FeatureAlphaDropout)
+
+
+def disable_dropout(model: nn.Module) -> int:
+    """Switches every dropout of ``model`` off, for good; returns how many were on.
+
+    Why: the old log-probs of a rollout are scored in eval mode and the update's new ones in
+    train mode; with dropout active the PPO ratio of an unchanged policy is not 1 but noise,
+    which the clip range then cuts at random. TRL's online trainers (``disable_dropout_in_model``
+    in PPO and RLOO, ``disable_dropout`` in GRPO) set every ``nn.Dropout``'s ``p`` to 0; the
+    update cannot simply run in eval mode instead, because transformers' gradient
+    checkpointing only runs in train mode. Beyond TRL, dropout that a model applies
+    functionally from a float attribute (Llama's ``attention_dropout``, read per forward) and
+    the config's dropout keys are zeroed too. PEFT's ``lora_dropout`` modules are
+    ``nn.Dropout``. Idempotent: called at the start of every update, it catches adapters added
+    after the learner was built."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, _DROPOUT_TYPES):
+            changed += module.p > 0
+            module.p = 0.0
+            continue
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float) and value > 0:
+                setattr(module, name, 0.0)
+                changed += 1
+    configs = {id(c): c for c in (getattr(m, "config", None) for m in model.modules())
+               if c is not None and hasattr(c, "to_dict")}
+    for config in configs.values():
+        for key, value in config.to_dict().items():
+            if ("dropout" in key or key.endswith("_pdrop")) and isinstance(value, float) \
+                    and value > 0 and hasattr(config, key):
+                setattr(config, key, 0.0)
+    return changed
+
+
 def rollout_diagnostics(rollout: Rollout) -> dict[str, float]:
     """What the update had to learn from: ``samples/<agent>`` (usable samples per agent) and
     ``score_std`` (the spread of their scores; 0 means every sample scored the same, so only
@@ -800,7 +967,7 @@ def nothing_to_learn(rollout: Rollout, stats: dict[str, float]) -> str | None:
         return "every mini-batch update was skipped"
     if stats.get("grad_norm") == 0.0:
         return "the gradient is zero"
-    if advantages == {0.0}:
+    if None not in advantages and all(abs(a) <= FLAT_GROUP_TOL for a in advantages):
         return (f"all {len(rollout.samples)} samples have a group advantage of 0 (every group's "
                 "rewards were equal and no penalty fired)")
     if None in advantages and len(scores) == 1:

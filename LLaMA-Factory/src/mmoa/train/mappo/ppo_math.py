@@ -42,10 +42,13 @@ import torch
 from mmoa import defaults
 
 __all__ = [
+    "FLAT_GROUP_TOL",
     "GROUP_NORMALISATIONS",
     "GROUP_STD_EPS",
+    "K3_CLAMP",
     "KL_KINDS",
     "KL_SHAPES",
+    "LOG_RATIO_CLAMP",
     "LOSS_AVERAGING",
     "AdaptiveKLController",
     "FixedKLController",
@@ -58,6 +61,7 @@ __all__ = [
     "grpo_advantages",
     "kl_loss",
     "logprobs_from_logits",
+    "loss_count",
     "masked_average",
     "masked_mean",
     "masked_var",
@@ -67,6 +71,7 @@ __all__ = [
     "per_token_kl",
     "policy_loss",
     "restrict_to_support",
+    "tis_weights",
     "token_rewards",
     "unpack_masked",
     "value_loss",
@@ -90,6 +95,18 @@ GroupNormalisation = Literal["mean_std", "mean"]
 GROUP_NORMALISATIONS: tuple[str, ...] = ("mean_std", "mean")
 #: Added to the group's standard deviation (as trl's GRPOTrainer).
 GROUP_STD_EPS = 1e-4
+#: A group is flat (every rollout rewarded alike, no signal) when its rewards' max - min is at
+#: most this. Not ``advantage == 0``: a flat group's advantage is 0 only up to rounding (RLOO
+#: with four rewards of 0.1 gives -1.4e-17), which let such groups escape the filters.
+FLAT_GROUP_TOL = 1e-9
+#: The log-ratio ``logp - old_logp`` is clamped to +-this before ``exp`` (verl's
+#: ``compute_policy_loss_vanilla``): a token whose probability moved by e^20 would otherwise
+#: overflow the ratio to ``inf`` and the loss to ``nan``; inside the range nothing changes.
+LOG_RATIO_CLAMP = 20.0
+#: The k3 KL estimate is clamped to +-this, its log-ratio to +-:data:`LOG_RATIO_CLAMP` (verl's
+#: ``kl_penalty(..., "low_var_kl")``): k3 grows like ``exp(ref - logp)``, so one token the policy
+#: has all but ruled out could dominate a whole batch's KL loss or reward.
+K3_CLAMP = 10.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,7 +167,8 @@ def masked_mean(
 
 def masked_average(x: torch.Tensor, mask: torch.Tensor,
                    averaging: LossAveraging | str = "token",
-                   norm_length: int | None = None) -> torch.Tensor:
+                   norm_length: int | None = None,
+                   total: float | None = None) -> torch.Tensor:
     """A loss's mean over a mini-batch: ``"token"`` is :func:`masked_mean` over every masked
     element (a long response weighs more, token by token); ``"sequence"`` is the mean over rows
     of each row's own masked mean (every sample weighs the same, whatever its length). A row
@@ -158,23 +176,46 @@ def masked_average(x: torch.Tensor, mask: torch.Tensor,
     ``"constant"`` (Dr. GRPO, arXiv:2503.20783; verl's ``seq-mean-token-sum-norm``) is the sum
     over every masked element divided by ``rows * norm_length`` (default: ``x``'s width): no
     sequence's length enters its weight, so a long wrong answer is not penalised less per token
-    than a short one."""
+    than a short one.
+
+    ``total``: the batch's count the mean is over, when ``x`` is only part of that batch (one
+    micro-batch of a gradient-accumulation group, on one of several processes): its masked
+    tokens under ``"token"``, its rows under ``"sequence"`` and ``"constant"``. The sum over
+    ``x`` is then divided by ``total`` instead of ``x``'s own count, so the shares of every
+    micro-batch and process add up to the mean over the whole batch (verl's ``agg_loss`` with
+    global token counts, TRL's ``loss_type="dapo"``); see :func:`loss_count`."""
+    if total is not None and not total > 0:
+        raise ValueError(f"total must be > 0, got {total}")
+    m = _bool_mask(x, mask)
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
     if averaging == "token":
-        return masked_mean(x, mask)
+        if total is None:
+            return masked_mean(x, m)
+        return torch.where(m, x, zero).sum() / total
     if averaging == "constant":
-        m = _bool_mask(x, mask)
         length = x.shape[1] if norm_length is None else norm_length
         if length < 1:
             raise ValueError(f"norm_length must be at least 1, got {length}")
-        total = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum()
-        return total / (x.shape[0] * length)
+        rows = x.shape[0] if total is None else total
+        return torch.where(m, x, zero).sum() / (rows * length)
     if averaging != "sequence":
         raise ValueError(f"unknown loss averaging {averaging!r}; expected one of "
                          f"{list(LOSS_AVERAGING)}")
-    m = _bool_mask(x, mask)
     rows = m.any(dim=1)
     per_row = masked_mean(x[rows], m[rows], dim=1)
-    return per_row.mean()
+    if total is None:
+        return per_row.mean()
+    return per_row.sum() / total
+
+
+def loss_count(mask: torch.Tensor, averaging: LossAveraging | str) -> int:
+    """What :func:`masked_average` divides by, for one micro-batch's ``[B, T]`` mask: its
+    masked tokens (``"token"``) or its rows with at least one (``"sequence"``, ``"constant"``).
+    Summed over a batch's micro-batches (and processes) it is that batch's ``total``."""
+    m = mask if mask.dtype == torch.bool else mask != 0
+    if averaging == "token":
+        return int(m.sum())
+    return int(m.any(dim=1).sum())
 
 
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
@@ -349,7 +390,9 @@ def per_token_kl(
     * ``"abs"``: ``|d|``.
     * ``"mse"``: ``d^2 / 2`` (k2).
     * ``"low_var_kl"``: ``exp(-d) + d - 1`` (k3, Schulman's estimator): unbiased, never
-      negative, lower variance; the better number to log.
+      negative, lower variance; the better number to log. ``-d`` is clamped to
+      +-:data:`LOG_RATIO_CLAMP` and k3 to +-:data:`K3_CLAMP` (verl's ``kl_penalty``), so one
+      token the policy has nearly ruled out cannot make the estimate ``inf``.
 
     All four are exactly 0 where the policy equals the reference. Returns the shape of the inputs;
     no masking (mask afterwards).
@@ -367,9 +410,9 @@ def per_token_kl(
     if kind == "mse":
         return 0.5 * diff.square()
     if kind == "low_var_kl":
-        # log r with r = p_ref / p; k3 = (r - 1) - log r.
-        log_ratio = -diff
-        return torch.expm1(log_ratio) - log_ratio
+        # log r with r = p_ref / p; k3 = (r - 1) - log r, both clamped as verl's kl_penalty
+        log_ratio = (-diff).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        return (torch.expm1(log_ratio) - log_ratio).clamp(-K3_CLAMP, K3_CLAMP)
     raise ValueError(f"unknown KL estimator {kind!r}; expected one of {list(KL_KINDS)}")
 
 
@@ -540,6 +583,8 @@ def policy_loss(
     averaging: LossAveraging | str = "token",
     cliprange_high: float | None = None,
     norm_length: int | None = None,
+    total: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO clipped surrogate loss over the masked tokens of a mini-batch.
 
@@ -549,9 +594,12 @@ def policy_loss(
     sequences (``"sequence"``, the GRPO paper). Both PPO (GAE advantages) and GRPO (one group
     advantage repeated on every token of a sample) use this one loss. ``cliprange_high``
     (DAPO's clip-higher) replaces ``c`` in the upper bound, ``1 + cliprange_high``; ``None``
-    keeps the symmetric range. ``norm_length``: see :func:`masked_average` (``"constant"``).
-    ``logprobs`` carry the gradient; ``old_logprobs`` (rollout) and ``advantages`` (whitened) are
-    constants and are detached here.
+    keeps the symmetric range. ``norm_length`` and ``total``: see :func:`masked_average`
+    (``"constant"``; a mean over the whole batch). ``weights`` (``[B, T]``, constants): each
+    token's loss is multiplied by its weight before the averaging (truncated importance sampling,
+    :func:`tis_weights`). ``logprobs`` carry the gradient; ``old_logprobs`` (rollout) and
+    ``advantages`` (whitened) are constants and are detached here. The log-ratio is clamped to
+    +-:data:`LOG_RATIO_CLAMP` before ``exp`` (verl's), so the ratio never overflows.
 
     Returns ``(loss, stats)`` with detached 0-dim stats: ``clipfrac`` (fraction of tokens where the
     clipped term was taken, i.e. the gradient is cut), ``approx_kl`` (``0.5 * mean((logp -
@@ -560,13 +608,17 @@ def policy_loss(
     """
     m = _bool_mask(logprobs, mask, "logprobs")
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    log_ratio = torch.where(m, logprobs - old_logprobs.detach(), zero)  # 0 -> ratio 1 at padding
+    log_ratio = torch.where(m, (logprobs - old_logprobs.detach()).clamp(
+        -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), zero)  # 0 -> ratio 1 at padding
     advantages = torch.where(m, advantages.detach().to(logprobs.dtype), zero)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     high = cliprange if cliprange_high is None else cliprange_high
     clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + high)
-    loss = masked_average(torch.maximum(unclipped, clipped), m, averaging, norm_length)
+    per_token = torch.maximum(unclipped, clipped)
+    if weights is not None:
+        per_token = per_token * torch.where(m, weights.detach().to(logprobs.dtype), zero)
+    loss = masked_average(per_token, m, averaging, norm_length, total)
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean((clipped > unclipped).to(logprobs.dtype), m),
@@ -577,12 +629,40 @@ def policy_loss(
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
+@torch.no_grad()
+def tis_weights(old_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor,
+                mask: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling weights (verl's TIS, ``tis_imp_ratio_cap``; TRL's
+    ``vllm_importance_sampling_correction``): per token ``min(exp(old - sampled), cap)``.
+
+    ``old_logprobs``: the tokens' log-probs under the policy as the learner scores it (the
+    policy PPO's ratio is taken against); ``sampling_logprobs``: under the distribution the
+    rollout actually drew them from (the rollout copy in the compute dtype, top-p, the
+    Selector's grammar mask), ``nan`` where none was recorded. The PPO objective assumes the
+    tokens came from the scored policy; the weight corrects its expectation for the sampler
+    that was used, and the cap bounds the variance a rare token could add. ``[B, T]``,
+    detached; 1 where nothing was recorded, 0 at padding."""
+    if not (math.isfinite(cap) and cap > 0):
+        raise ValueError(f"the TIS cap must be a finite number > 0, got {cap}")
+    m = _bool_mask(old_logprobs, mask, "old_logprobs")
+    if sampling_logprobs.shape != old_logprobs.shape:
+        raise ValueError(f"sampling_logprobs {tuple(sampling_logprobs.shape)} and old_logprobs "
+                         f"{tuple(old_logprobs.shape)} must have the same shape")
+    old = old_logprobs.detach().float()
+    sampled = sampling_logprobs.detach().float().to(old.device)
+    known = m & torch.isfinite(sampled)
+    log_ratio = torch.where(known, old - torch.where(known, sampled, old), 0.0)
+    weights = torch.exp(log_ratio.clamp(max=math.log(cap)))
+    return torch.where(m, weights, 0.0)
+
+
 def kl_loss(
     logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor,
     mask: torch.Tensor,
     averaging: LossAveraging | str = "token",
     norm_length: int | None = None,
+    total: float | None = None,
 ) -> torch.Tensor:
     """The KL to the reference as a loss term (GRPO): the k3 estimator of :func:`per_token_kl`
     (``low_var_kl``, ``exp(ref - logp) - (ref - logp) - 1``, >= 0, unbiased for KL(pi||ref)
@@ -594,7 +674,8 @@ def kl_loss(
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     current = torch.where(m, logprobs, zero)
     ref = torch.where(m, ref_logprobs.detach().to(logprobs.dtype), zero)
-    return masked_average(per_token_kl(current, ref, "low_var_kl"), m, averaging, norm_length)
+    return masked_average(per_token_kl(current, ref, "low_var_kl"), m, averaging, norm_length,
+                          total)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -638,11 +719,14 @@ def group_relative_advantages(
 
 
 @torch.no_grad()
-def zero_variance_groups(rewards: torch.Tensor | Sequence[Sequence[float]]) -> torch.Tensor:
+def zero_variance_groups(rewards: torch.Tensor | Sequence[Sequence[float]],
+                         tol: float = FLAT_GROUP_TOL) -> torch.Tensor:
     """``[Q]`` bool: the questions whose ``G`` rollouts all got the same reward (all right or
-    all wrong): their group-relative advantage is 0, so they carry no signal."""
+    all wrong), i.e. ``max - min <= tol``: their group-relative advantage is 0, so they carry
+    no signal. Decided from the rewards, never from the advantages, which are 0 only up to
+    rounding (:data:`FLAT_GROUP_TOL`)."""
     r = _group_rewards(rewards)
-    return r.amax(dim=1) == r.amin(dim=1)
+    return (r.amax(dim=1) - r.amin(dim=1)) <= tol
 
 
 @torch.no_grad()

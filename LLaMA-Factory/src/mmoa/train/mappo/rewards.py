@@ -372,3 +372,24 @@ def decision_reward(answer_reward: float, searches: int, malformed: bool, *,
                              f"{value}")
     return DecisionReward(float(answer_reward), retrieval_cost * searches,
                           malformed_penalty if malformed else 0.0)
+
+
+def soft_overlong_punishment(length: int, max_length: int, buffer: int,
+                             factor: float = 1.0) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13), a reward
+    added to a response of ``length`` tokens under a generation budget ``L_max = max_length``
+    with a buffer ``L_cache = buffer``: 0 up to ``L_max - L_cache`` tokens, then falling
+    linearly, ``((L_max - L_cache) - |y|) / L_cache``, to -1 at ``L_max``, and -1 beyond (a
+    response longer than the budget is never generated here, but the formula is the paper's).
+    Scaled by ``factor`` (verl's ``overlong_buffer.penalty_factor``). Why: a response cut off by
+    the budget is punished for its truncation, not for its reasoning, so the punishment rises
+    smoothly over the buffer instead of as a step at the limit."""
+    if max_length < 1 or not 0 <= buffer <= max_length:
+        raise ValueError(f"expected 0 <= buffer <= max_length and max_length >= 1, got buffer "
+                         f"{buffer}, max_length {max_length}")
+    expected = max_length - buffer
+    if length <= expected:
+        return 0.0
+    if length > max_length or buffer == 0:
+        return -float(factor)
+    return factor * (expected - length) / buffer

@@ -41,6 +41,12 @@ class Sample:
     #: Selector's grammar, recorded under ``mappo_masked_scoring``): the tokens are then scored
     #: over these ids only. ``None``: over the whole vocabulary.
     support: list[list[int]] | None = None
+    #: Grouped algorithms: the index of the sample's group (its question) among the groups of
+    #: the :func:`~mmoa.train.mappo.grpo.group_samples` call that made it, and whether that
+    #: group's rewards were all equal for its agent (no group signal): DAPO's refill counts
+    #: the groups that were not flat.
+    group: int | None = None
+    group_flat: bool = False
 
 
 @dataclass

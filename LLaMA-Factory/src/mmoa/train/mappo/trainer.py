@@ -92,6 +92,7 @@ from mmoa.train.mappo.learner import (
     nothing_to_learn,
     rollout_diagnostics,
     scoring_batch_size,
+    tis_stats,
 )
 from mmoa.train.mappo.log import in_web_ui, mappo_logger, step_summary
 from mmoa.train.mappo.rollout_weights import RolloutWeights, rollout_weights_dtype
@@ -219,7 +220,23 @@ class MappoTrainer(Trainer):
             loss_averaging=mappo_args.mappo_loss_averaging,
             kl_loss_coef=mappo_args.mappo_kl_loss_coef,
             cliprange_high=mappo_args.mappo_cliprange_high,
+            loss_scope=mappo_args.mappo_loss_scope,
+            norm_length=mappo_args.loss_norm_length,
+            tis_cap=mappo_args.mappo_tis_cap,
         )
+        if self.is_world_process_zero():  # which clip ranges are the paper's, which the config's
+            for note in mappo_args.algorithm.clip_notes(mappo_args.mappo_cliprange,
+                                                        mappo_args.mappo_cliprange_high):
+                mappo_logger().info(f"[mappo] {note}")
+            if mappo_args.mappo_tis_cap is not None and not mappo_args.is_multiturn \
+                    and "selector" in mappo_args.optimized_agents \
+                    and mappo_args.mappo_constrained_selector \
+                    and not mappo_args.mappo_masked_scoring:
+                mappo_logger().warning(
+                    "[mappo] mappo_tis_cap with the grammar-constrained Selector scored over the "
+                    "whole vocabulary: its tokens' weights are the mass its grammar allows (about "
+                    "1e-3 on the tiny model), so its updates nearly vanish; set "
+                    "mappo_masked_scoring: true to score it as it was sampled")
         #: Objects whose state travels in every checkpoint (``save(folder)`` into the one
         #: being written, ``load(folder)`` when resuming; their ``name`` is their folder),
         #: e.g. the joint option's query encoder (:mod:`.joint_retriever`).
@@ -527,29 +544,15 @@ class MappoTrainer(Trainer):
 
     def _run_step(self, step: int, learner: PPOLearner, records: list[QARecord],
                   rng_at_start: dict[str, Any]) -> dict[str, float]:
-        from mmoa.retrieval.client import RetrieverRequestError, RetrieverUnavailableError
-
         t0 = time.perf_counter()
-        failure: Exception | None = None
-        try:
-            # Mixed precision (bf16: true) covers the rollout too; accelerate only wraps the
-            # prepared model's forward, while generation runs on the unwrapped policy.
-            with self.accelerator.autocast():
-                traces, timings = self.rollout(records)
-        except (RetrieverUnavailableError, RetrieverRequestError) as err:
-            failure = err
-        # Decided together: a process that stopped alone would leave the others waiting in
-        # the next collective (the update's gradient reduction, the checkpoint's barriers).
-        if self._any_process(failure is not None):
-            self._set_rng_state(rng_at_start, learner)
-            checkpoint = None
-            if self.state.global_step > 0:
-                checkpoint = self.save_mappo_checkpoint(learner)
-            raise TrainingStopped(retrieval_failure_message(
-                step + 1, failure, self.mappo_args.mappo_retriever_retries, checkpoint,
-                self.state.global_step)) from failure
+        traces, timings = self._checked_rollout(step, learner, records, rng_at_start)
         t1 = time.perf_counter()
         samples, logs = self.make_samples(records, traces)
+        if self.mappo_args.algorithm.dynamic_sampling:
+            # the refill's rounds are part of the rollout
+            samples, logs, timings = self._dynamic_sampling(step, learner, records, samples,
+                                                            logs, timings, rng_at_start)
+            t1 = time.perf_counter()
         if logs.get("grpo/skipped_samples") and not any(s.response_ids for s in samples):
             # mappo_grpo_filter: skip left nothing (one process only: refused with several)
             mappo_logger().warning(f"[mappo] step {step + 1}: every group's rewards were equal "
@@ -572,6 +575,7 @@ class MappoTrainer(Trainer):
             rollout = learner.prepare(samples)
         t2 = time.perf_counter()
         logs.update(behaviour_ratio_stats(rollout))
+        logs.update(tis_stats(rollout))
         logs.update(rollout_diagnostics(rollout))
         stats = learner.update(rollout)
         kl = learner.update_kl(rollout)
@@ -621,6 +625,91 @@ class MappoTrainer(Trainer):
         logs = self._mean_over_processes(logs)
         self._watch_drift(step, logs)
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in logs.items()}
+
+    def _checked_rollout(self, step: int, learner: PPOLearner, records: Sequence[QARecord],
+                         rng_at_start: dict[str, Any]) -> tuple[list[Any], Timings]:
+        """:meth:`rollout`, with a retrieval failure on any process turned into a
+        :class:`TrainingStopped` that names the checkpoint of the last completed step."""
+        from mmoa.retrieval.client import RetrieverRequestError, RetrieverUnavailableError
+
+        failure: Exception | None = None
+        traces: list[Any] = []
+        timings = Timings()
+        try:
+            # Mixed precision (bf16: true) covers the rollout too; accelerate only wraps the
+            # prepared model's forward, while generation runs on the unwrapped policy.
+            with self.accelerator.autocast():
+                traces, timings = self.rollout(records)
+        except (RetrieverUnavailableError, RetrieverRequestError) as err:
+            failure = err
+        # Decided together: a process that stopped alone would leave the others waiting in
+        # the next collective (the update's gradient reduction, the checkpoint's barriers).
+        if self._any_process(failure is not None):
+            self._set_rng_state(rng_at_start, learner)
+            checkpoint = None
+            if self.state.global_step > 0:
+                checkpoint = self.save_mappo_checkpoint(learner)
+            raise TrainingStopped(retrieval_failure_message(
+                step + 1, failure, self.mappo_args.mappo_retriever_retries, checkpoint,
+                self.state.global_step)) from failure
+        return traces, timings
+
+    def refill_records(self, step: int, round_: int, count: int,
+                       taken: Sequence[QARecord]) -> list[QARecord]:
+        """``count`` questions for DAPO's refill round ``round_`` of step ``step``: a
+        permutation of the dataset seeded by ``(seed, step, round)``, questions already rolled
+        out this step (``taken``) left out while others remain. A pure function of the seed,
+        the step and the round, like :meth:`step_records`, so a resumed run refills alike."""
+        generator = torch.Generator().manual_seed(
+            (self.args.seed * 1_000_003 + step * 1_009 + round_) % (2 ** 63))
+        order = torch.randperm(len(self.records), generator=generator).tolist()
+        used = {id(record) for record in taken}
+        fresh = [self.records[i] for i in order if id(self.records[i]) not in used]
+        picks = fresh[:count]
+        while len(picks) < count:  # a dataset smaller than the step's demand: repeats
+            picks.append(self.records[order[len(picks) % len(order)]])
+        return picks
+
+    def _dynamic_sampling(self, step: int, learner: PPOLearner, records: list[QARecord],
+                          samples: list[Sample], logs: dict[str, float], timings: Timings,
+                          rng_at_start: dict[str, Any]
+                          ) -> tuple[list[Sample], dict[str, float], Timings]:
+        """DAPO's dynamic sampling (Yu et al. 2025, section 3.2): the flat groups (every
+        rollout rewarded alike) are already left out (``mappo_grpo_filter: skip``); while the
+        step holds fewer groups with a signal than it has questions, and at most
+        ``mappo_dapo_max_rounds`` times, roll out more questions (:meth:`refill_records`), as
+        many as the groups still missing over the share of groups kept so far (at most one
+        step's worth a round). Groups with a signal beyond the step's number are dropped whole
+        (as verl trims to its batch); the penalised samples of flat groups stay (the skip
+        filter's rule). Logs ``dapo/rounds``, ``dapo/groups_sampled``, ``dapo/groups_kept``
+        and ``dapo/groups_dropped``; the other logs are the means over every round's
+        rollouts. One process only (refused with several, as ``skip`` is)."""
+        target = len(records)
+        rounds = [(samples, logs, len(records))]
+        taken = list(records)
+        max_rounds = self.mappo_args.mappo_dapo_max_rounds
+        extra = 0
+        while (found := len(_all_signal_groups(rounds))) < target and extra < max_rounds:
+            extra += 1
+            rate = found / len(taken)
+            count = self.questions_per_step if rate == 0 else min(
+                self.questions_per_step, math.ceil((target - found) / rate))
+            more = self.refill_records(step, extra, count, taken)
+            taken += more
+            traces, round_timings = self._checked_rollout(step, learner, more, rng_at_start)
+            timings = _add_timings(timings, round_timings)
+            round_samples, round_logs = self.make_samples(more, traces)
+            rounds.append((round_samples, round_logs, len(more)))
+        samples, used, dropped = _trim_to_groups(rounds, target)
+        logs = _merge_round_logs(rounds)
+        logs.update({"dapo/rounds": float(extra), "dapo/groups_sampled": float(len(taken)),
+                     "dapo/groups_kept": float(used), "dapo/groups_dropped": float(dropped)})
+        if used < target and self.is_world_process_zero():
+            mappo_logger().warning(
+                f"[mappo] step {step + 1}: dynamic sampling found {used} of {target} groups "
+                f"with differing rewards in {len(taken)} questions ({extra} extra rounds, "
+                f"mappo_dapo_max_rounds: {max_rounds}); updating on those")
+        return samples, logs, timings
 
     def _watch_drift(self, step: int, logs: dict[str, float]) -> None:
         """Adds the step's drift flag count to ``logs`` (the mean over processes: the same on
@@ -919,6 +1008,64 @@ class MappoTrainer(Trainer):
             learner.generator.set_state(rng["learner_generator"])
         if rng.get("cuda") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def _signal_groups(samples: Sequence[Sample]) -> list[int]:
+    """The groups (:attr:`Sample.group`) of one round's samples that carry a group signal for
+    at least one agent, in order."""
+    return list(dict.fromkeys(s.group for s in samples
+                              if s.group is not None and not s.group_flat))
+
+
+def _all_signal_groups(rounds: Sequence[tuple[list[Sample], dict[str, float], int]]
+                       ) -> list[tuple[int, int]]:
+    """``(round, group)`` of every round's groups with a signal, in order."""
+    return [(r, g) for r, (samples, _, _) in enumerate(rounds) for g in _signal_groups(samples)]
+
+
+def _trim_to_groups(rounds: Sequence[tuple[list[Sample], dict[str, float], int]], target: int
+                    ) -> tuple[list[Sample], int, int]:
+    """Every round's samples, with the groups with a signal beyond the first ``target`` left
+    out whole; returns ``(samples, groups with a signal kept, groups with a signal dropped)``.
+    Samples of flat groups (kept only where a penalty fired) stay."""
+    signal = _all_signal_groups(rounds)
+    keep, with_signal = set(signal[:target]), set(signal)
+    out = [s for r, (samples, _, _) in enumerate(rounds) for s in samples
+           if (r, s.group) not in with_signal or (r, s.group) in keep]
+    return out, len(keep), len(signal) - len(keep)
+
+
+#: Logs of a round that are counts, summed over DAPO's rounds (the rest are means).
+_COUNT_KEYS = ("grpo/groups", "grpo/zero_variance_groups", "grpo/skipped_samples",
+               "overlong/filtered")
+
+
+def _merge_round_logs(rounds: Sequence[tuple[list[Sample], dict[str, float], int]]
+                      ) -> dict[str, float]:
+    """One step's logs from its rounds: counts summed, every other value the mean over the
+    rounds that logged it, weighted by their questions; the zero-variance fraction is
+    recomputed from the summed counts."""
+    totals: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for _, logs, questions in rounds:
+        for key, value in logs.items():
+            weight = 1.0 if key in _COUNT_KEYS else float(questions)
+            totals[key] = totals.get(key, 0.0) + weight * value
+            weights[key] = weights.get(key, 0.0) + weight
+    merged = {key: total if key in _COUNT_KEYS else total / weights[key]
+              for key, total in totals.items()}
+    if merged.get("grpo/groups"):
+        merged["grpo/zero_variance_fraction"] = \
+            merged["grpo/zero_variance_groups"] / merged["grpo/groups"]
+    return merged
+
+
+def _add_timings(first: Timings, second: Timings) -> Timings:
+    """The seconds of two rollouts, stage by stage."""
+    stages = first.as_dict()
+    for stage, seconds in second.as_dict().items():
+        stages[stage] = stages.get(stage, 0.0) + seconds
+    return Timings(stages)
 
 
 @contextlib.contextmanager
