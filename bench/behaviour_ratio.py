@@ -9,10 +9,17 @@ now). For every token ``r = p_scored / p_sampled``; the table gives its mean, sp
 per agent. With top-p 1 and no grammar, ``r`` is 1 up to float noise when the temperatures
 agree; top-p and the grammar lower it where they cut the support.
 
+``--tis-cap C`` scores with truncated importance sampling on (``mappo_tis_cap: C``): each run
+then also reports the weights the learner would put on every token's policy loss,
+``min(r, C)`` (``tis_mean``, ``tis_min``, and ``capped``, the share of tokens the cap cut), from
+the same code path as training (``PPOLearner.prepare``, ``tis_stats``).
+
 Needs a running retrieval server (bash run_server.sh --index data/demo/index)::
 
     python bench/behaviour_ratio.py --model saves/smollm2-135m/full/sft --template smollm2 \\
         --json-out bench/results/behaviour_ratio.json
+    python bench/behaviour_ratio.py --model saves/smollm2-135m/full/grpo --template smollm2 \\
+        --tis-cap 2 --json-out bench/results/behaviour_ratio_tis.json
 
 Prints one JSON object and a table.
 """
@@ -42,6 +49,7 @@ def measure(args: argparse.Namespace) -> dict:
         PPOConfig,
         PPOLearner,
         behaviour_ratio_stats,
+        tis_stats,
     )
     from mmoa.train.mappo.samples import Sample
     from mmoa.train.mappo.value_head import ValueHead
@@ -51,7 +59,7 @@ def measure(args: argparse.Namespace) -> dict:
     questions = [r.question for r in load_qa(Path(args.data_file), "demo")[: args.questions]]
     client = RetrievalClient(args.retriever_url)
     results: dict = {"model": args.model, "questions": len(questions),
-                     "temperature": args.temperature, "runs": {}}
+                     "temperature": args.temperature, "tis_cap": args.tis_cap, "runs": {}}
     for top_p in args.top_p:
         torch.manual_seed(args.seed)
         settings = GenerationSettings(
@@ -71,10 +79,14 @@ def measure(args: argparse.Namespace) -> dict:
                                      ref_model=copy.copy(model),
                                      temperature=scoring_temperature)
             learner = PPOLearner(policy, torch.optim.SGD(policy.parameters(), lr=0.0),
-                                 PPOConfig(), pad_id=tokenizer.pad_token_id
+                                 PPOConfig(tis_cap=args.tis_cap),
+                                 pad_id=tokenizer.pad_token_id
                                  if tokenizer.pad_token_id is not None
                                  else tokenizer.eos_token_id)
-            stats = behaviour_ratio_stats(learner.prepare(samples))
+            rollout = learner.prepare(samples)
+            stats = behaviour_ratio_stats(rollout)
+            stats.update({f"behaviour_ratio/{k.replace('/', '_')}": v
+                          for k, v in tis_stats(rollout).items()})
             name = f"top_p={top_p:g}, scored at T={scoring_temperature:g}"
             results["runs"][name] = {k.removeprefix("behaviour_ratio/"): round(v, 5)
                                      for k, v in stats.items()}
@@ -84,13 +96,20 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def table(results: dict) -> str:
+    tis = results.get("tis_cap") is not None
     lines = [f"{'run':<34} {'mean':>7} {'std':>7} {'min':>7} {'max':>7} "
-             f"{'qr':>7} {'sel':>7} {'gen':>7} {'tokens':>7}"]
+             f"{'qr':>7} {'sel':>7} {'gen':>7} {'tokens':>7}"
+             + (f" {'tis_mean':>8} {'tis_min':>8} {'capped':>7}" if tis else "")]
     for name, row in results["runs"].items():
-        lines.append(f"{name:<34} {row['mean']:>7.4f} {row['std']:>7.4f} {row['min']:>7.4f} "
-                     f"{row['max']:>7.4f} {row.get('qr', float('nan')):>7.4f} "
-                     f"{row.get('selector', float('nan')):>7.4f} "
-                     f"{row.get('generator', float('nan')):>7.4f} {row['tokens']:>7}")
+        line = (f"{name:<34} {row['mean']:>7.4f} {row['std']:>7.4f} {row['min']:>7.4f} "
+                f"{row['max']:>7.4f} {row.get('qr', float('nan')):>7.4f} "
+                f"{row.get('selector', float('nan')):>7.4f} "
+                f"{row.get('generator', float('nan')):>7.4f} {row['tokens']:>7}")
+        if tis:
+            line += (f" {row.get('tis_weight_mean', float('nan')):>8.4f}"
+                     f" {row.get('tis_weight_min', float('nan')):>8.4f}"
+                     f" {row.get('tis_capped_fraction', float('nan')):>7.4f}")
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -105,6 +124,9 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.95)
     parser.add_argument("--top-p", dest="top_p", type=float, nargs="+", default=[0.9, 1.0])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tis-cap", dest="tis_cap", type=float, default=None,
+                        help="also report the truncated importance sampling weights "
+                             "min(r, cap) the learner would use (mappo_tis_cap)")
     parser.add_argument("--json-out", dest="json_out")
     args = parser.parse_args()
     results = measure(args)
