@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, NoReturn
 
 from mmoa.agent_adapters import MARKER_FILE
 from mmoa.fileio import atomic_write_json
@@ -36,6 +36,98 @@ from mmoa.precision import PRECISION_CHOICES
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "result.json"
 ATTEMPT = "attempt.json"
+
+
+class BenchInputError(ValueError):
+    """A file or argument a bench was given that it cannot use: the message names it and
+    what is wrong, in one line."""
+
+
+def fail(message: str, prog: str | None = None) -> NoReturn:
+    """Stop a bench on bad input: one line on stderr, exit status 2 (argparse's), nothing
+    written. A ``SystemExit(message)`` exits with 1 and a traceback is no message at all."""
+    print(f"{prog or Path(sys.argv[0]).name}: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+#: ``required`` of :func:`read_json_object`: a key (``a.b`` for a nested one) and the JSON
+#: type(s) its value must have.
+Required = dict[str, type | tuple[type, ...]]
+_JSON_TYPE_NAMES = {dict: "object", list: "list", str: "string", int: "integer",
+                    float: "number", bool: "true/false"}
+
+
+def _type_names(kinds: type | tuple[type, ...]) -> str:
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    return " or ".join(_JSON_TYPE_NAMES.get(k, k.__name__) for k in kinds)
+
+
+def read_json_object(path: str | Path, what: str, required: Required | None = None
+                     ) -> dict[str, Any]:
+    """``path`` read as the JSON object ``what`` says it is (e.g. "a side_by_side result"),
+    or :class:`BenchInputError` naming the file and what is wrong: missing, not a file,
+    unreadable, not UTF-8, not JSON (line and column), a JSON list or anything but an
+    object, a ``required`` key missing or of another type. One check for every bench that
+    reads back its own JSON (``--report``, ``--readme``, a resume), where a corrupt, empty or
+    hand-edited file was a traceback."""
+    path = Path(path)
+    if not path.exists():
+        raise BenchInputError(f"{path}: no such file ({what} expected)")
+    if not path.is_file():
+        raise BenchInputError(f"{path}: not a regular file ({what} expected)")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as err:
+        raise BenchInputError(f"{path}: cannot be read ({err.strerror})") from err
+    except UnicodeDecodeError as err:
+        raise BenchInputError(f"{path}: not UTF-8 text (byte {err.start}); expected {what}"
+                              ) from err
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise BenchInputError(f"{path}: not valid JSON ({err.msg} at line {err.lineno} column "
+                              f"{err.colno}); expected {what}") from err
+    except (ValueError, RecursionError) as err:
+        raise BenchInputError(f"{path}: cannot be read as JSON ({err}); expected {what}"
+                              ) from err
+    if not isinstance(value, dict):
+        raise BenchInputError(f"{path}: holds a JSON {_type_names(type(value))}, expected "
+                              f"{what} (a JSON object)")
+    for key, kinds in (required or {}).items():
+        node: Any = value
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise BenchInputError(f"{path}: no {key!r} in it; expected {what}" + (
+                    " (the file is an empty object)" if not value else ""))
+            node = node[part]
+        if not isinstance(node, kinds) or (isinstance(node, bool) and bool not in (
+                kinds if isinstance(kinds, tuple) else (kinds,))):
+            raise BenchInputError(f"{path}: {key!r} is a JSON {_type_names(type(node))}, "
+                                  f"expected a JSON {_type_names(kinds)} ({what})")
+    return value
+
+
+def load_json_or_exit(path: str | Path, what: str, required: Required | None = None,
+                      prog: str | None = None) -> dict[str, Any]:
+    """:func:`read_json_object`, or :func:`fail` with its one line (exit status 2)."""
+    try:
+        return read_json_object(path, what, required)
+    except BenchInputError as err:
+        fail(str(err), prog)
+
+
+_OVERRIDE_KEY = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)?")
+
+
+def check_overrides(items: list[str], option: str = "override") -> list[str]:
+    """``KEY=VALUE`` overrides (``METHOD.KEY=VALUE`` too) as given, or :func:`fail` naming the
+    first that is not one: ``=x`` (no key) was passed on to the training, ``x`` too."""
+    for item in items:
+        key, sep, _ = item.partition("=")
+        if not sep or not _OVERRIDE_KEY.fullmatch(key):
+            fail(f"{option} {item!r}: expected KEY=VALUE with a key of letters, digits and "
+                 f"underscores (e.g. max_steps=4, or METHOD.max_steps=4)")
+    return items
 
 
 def run_logged(command: list[str], log: Path) -> None:
@@ -309,7 +401,8 @@ class AttemptClock:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.path = folder / ATTEMPT
         self.heartbeat_s, self.clock = heartbeat_s, clock
-        kept = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        kept = load_json_or_exit(self.path, "an attempt record", {
+            "attempts": int, "seconds": (int, float)}) if self.path.is_file() else {}
         self.earlier = kept.get("earlier_seconds", 0.0) + kept.get("seconds", 0.0)
         self.attempts = kept.get("attempts", 0) + 1
         self.started = 0.0
@@ -359,7 +452,8 @@ def stage(work: Path, name: str, produce: Callable[[], dict[str, Any]], script: 
     ``<work>/<name>/result.json`` and read back by every later call."""
     path = work / name / RESULT
     if path.is_file():
-        return json.loads(path.read_text())
+        return load_json_or_exit(path, f"the result of the finished stage {name} (remove it "
+                                       f"to run the stage again)")
     with AttemptClock(path.parent) as clock:
         result = produce()
     result["seconds"] = round(clock.total, 1)

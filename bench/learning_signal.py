@@ -64,8 +64,10 @@ from typing import Any
 from bench_runs import (
     RESULT,
     AttemptClock,
+    check_overrides,
     code_version,
     last_checkpoint,
+    load_json_or_exit,
     model_arguments,
     paired_gain,
     per_question_f1,
@@ -79,6 +81,11 @@ from bench_runs import (
 from mmoa.fileio import atomic_write_json
 
 AGENTS = ("qr", "selector", "generator")
+#: What this bench's JSON must hold to be reported or carried over, and what a finished
+#: run's result.json must hold (bench_runs.read_json_object).
+PREVIOUS_KEYS = {"warm_start": dict, "mappo": dict, "ablation": dict}
+RESULT_KEYS = {**PREVIOUS_KEYS, "warm_start.test": dict}
+WHAT = "a learning_signal result JSON"
 MODELS = {
     # name: (base model, template, SFT config, MAPPO config)
     "smollm2": ("models/smollm2-135m-instruct", "smollm2",
@@ -154,7 +161,8 @@ def load_previous(path: str | None, args: argparse.Namespace | None = None
     trained other runs (another algorithm, other agents) or scored them otherwise."""
     if not path or not Path(path).is_file():
         return None
-    previous = json.loads(Path(path).read_text())
+    previous = load_json_or_exit(path, f"{WHAT} whose runs are carried over (or pass "
+                                       f"--previous none)", PREVIOUS_KEYS)
     if args is not None:
         config = {"algorithm": "ppo", "agents": ",".join(AGENTS),  # before those options
                   **previous.get("config", {})}
@@ -202,7 +210,8 @@ def _training_tail(output_dir: Path, last: int = 5) -> dict[str, float]:
 
 def _done(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / RESULT
-    return json.loads(path.read_text()) if path.is_file() else None
+    return load_json_or_exit(path, "a finished run's result (remove it to run it again)",
+                             {"test": dict}) if path.is_file() else None
 
 
 def _finish(run_dir: Path, result: dict[str, Any], clock: AttemptClock) -> dict[str, Any]:
@@ -628,8 +637,11 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*",
                         help="key=value overrides for every training run (e.g. bf16=true)")
     args = parser.parse_args()
+    for option, items in (("override", args.overrides), ("--sft", args.sft_overrides),
+                          ("--mappo", args.mappo_overrides)):
+        check_overrides(items, option)
     if args.report:
-        recorded = json.loads(Path(args.report).read_text())
+        recorded = load_json_or_exit(args.report, WHAT, RESULT_KEYS)
         kept = recorded.get("summary", {})
         _refresh(recorded, time.perf_counter())
         recorded["summary"] = {**kept, **recorded["summary"]}

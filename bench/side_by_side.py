@@ -114,7 +114,10 @@ import yaml
 from bench_runs import (
     ROOT,
     add_precision_option,
+    check_overrides,
     code_version,
+    fail,
+    load_json_or_exit,
     mmoa_cli,
     paired_gain,
     per_question_f1,
@@ -128,6 +131,10 @@ from bench_runs import (
 
 SCRIPT = "bench/side_by_side.py"
 SCHEMA = 1
+#: What a table JSON must hold to be printed or resumed (bench_runs.read_json_object).
+RESULT_KEYS = {"rows": dict, "table": dict, "table.model": str, "table.eval_split": str,
+               "table.eval_file": str, "table.scoring": str}
+WHAT = "a side_by_side result JSON"
 REAL_DIR = ROOT.parent / "shared" / "data" / "hotpotqa_fullwiki_486"
 DISTRACTOR_DIR = ROOT.parent / "shared" / "data" / "hotpotqa_distractor_1k"
 WORLDS: dict[str, dict[str, str]] = {
@@ -224,7 +231,7 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, list[str
     """``key=value`` (every training) and ``METHOD.key=value`` (one row's training) apart."""
     common: list[str] = []
     per_method: dict[str, list[str]] = {name: [] for name in TRAINED}
-    for item in overrides:
+    for item in check_overrides(overrides):
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"override {item!r}: expected key=value or METHOD.key=value")
@@ -548,7 +555,8 @@ class SideBySide:
         if not self.json_path.is_file():
             return {"bench": "side_by_side", "schema": SCHEMA, "table": self.table,
                     "rows": {}, "order": []}
-        result = json.loads(self.json_path.read_text())
+        result = load_json_or_exit(self.json_path, f"{WHAT} to resume (or give another "
+                                                    f"--json-out)", RESULT_KEYS)
         table = portable(self.table)  # the JSON holds it machine-free (write_result)
         if result.get("table") != table:
             changed = sorted(k for k in table if result.get("table", {}).get(k) != table[k])
@@ -919,7 +927,9 @@ def main(argv: list[str] | None = None) -> None:
         if len(args.report) > 1 and (args.markdown or args.plot):
             parser.error("--markdown / --plot take one --report JSON")
         paths = [Path(p) for p in args.report]
-        results = [json.loads(p.read_text()) for p in paths]
+        results = [load_json_or_exit(p, WHAT, RESULT_KEYS) for p in paths]
+        if args.readme and not Path(args.readme).is_file():
+            fail(f"--readme {args.readme}: no such file")  # before anything is written
         for result in results:
             print(format_table(result), end="\n\n")
         if len(results) == 1:

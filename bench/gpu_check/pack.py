@@ -42,6 +42,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -595,8 +596,29 @@ def pack(args: argparse.Namespace) -> dict:
     return manifest
 
 
+def check_inputs(args: argparse.Namespace) -> None:
+    """Refuse, in one line and before anything is packed, input files that are not there:
+    ``--machine-packages /nonexistent`` exited 0 (with ``--no-wheels`` it was never read, and
+    the manifest named a file that does not exist). Exit status 2, as argparse's errors."""
+    def error(message: str) -> NoReturn:
+        print(f"pack.py: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+    if not args.machine_packages.is_file():
+        error(f"--machine-packages {args.machine_packages}: no such file (NAME or "
+                     f"NAME==VERSION lines, e.g. a check run's machine_pip_freeze.txt)")
+    try:
+        read_machine_packages(args.machine_packages)
+    except (OSError, UnicodeDecodeError) as err:
+        error(f"--machine-packages {args.machine_packages}: cannot be read ({err})")
+    for probes in args.from_probes:
+        if not probes.is_dir():
+            error(f"--from-probes {probes}: no such folder (a check run's probes/)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
+    check_inputs(args)
     try:
         manifest = pack(args)
     except PackError as err:
