@@ -568,12 +568,12 @@ class PPOLearner:
                 batches[start: start + cfg.gradient_accumulation_steps] for start in starts])
             for group_index, start in enumerate(starts):
                 group = batches[start: start + cfg.gradient_accumulation_steps]
-                total = None if totals is None else totals[group_index]
+                group_total = None if totals is None else totals[group_index]
                 if self._should_stop():
                     stopped = True
                     break
                 if self.engine_steps:
-                    reasons = self._engine_group(rollout, group, stats, total)
+                    reasons = self._engine_group(rollout, group, stats, group_total)
                     skipped += NONFINITE in reasons
                     ratio_skips += RATIO in reasons
                     done += len(group)
@@ -587,7 +587,7 @@ class PPOLearner:
                     if position and self._stop_anywhere and self._should_stop():
                         stopped = True
                         break
-                    loss, step_stats = self._loss(rollout, indices, len(group), total)
+                    loss, step_stats = self._loss(rollout, indices, len(group), group_total)
                     skip = self._agreed_skip(loss, step_stats)
                     if skip is not None:
                         break
