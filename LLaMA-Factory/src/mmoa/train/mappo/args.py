@@ -168,7 +168,8 @@ class MappoArguments:
         metadata={"help": "Truncated importance sampling (verl's TIS; qr_s_g): each token's "
                           "policy loss is multiplied by min(p_scored / p_sampled, cap), the "
                           "correction for sampling with the rollout copy, top-p and the "
-                          "Selector's grammar. Unset: off (verl and TRL use 2)."})
+                          f"Selector's grammar. Unset: off (verl and TRL use "
+                          f"{defaults.TIS_CAP:g})."})
     mappo_kl_loss_coef: float = field(
         default=defaults.KL_LOSS_COEF,
         metadata={"help": "algorithms with a KL loss (grpo, ...): weight of the k3 "
