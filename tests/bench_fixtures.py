@@ -8,6 +8,13 @@ from pathlib import Path
 from types import ModuleType
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
+#: ``bench/side_by_side.py`` overrides that cut its trainings to 2 CPU cores on the tiny model
+#: (the tiny configs' other values stand).
+SIDE_BY_SIDE_TINY_OVERRIDES = [
+    "sft.max_steps=2", "sft.preprocessing_num_workers=1", "mappo.max_steps=1",
+    "mappo.ppo_epochs=1", "mappo.mappo_questions_per_rollout=2",
+    "mappo.mappo_rollout_batch_size=2", "mappo.per_device_train_batch_size=2",
+    "mappo.save_steps=1"]
 
 
 class HandClock:

@@ -18,13 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench_fixtures import SIDE_BY_SIDE_TINY_OVERRIDES
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "hotpotqa_distractor_1k"
 SLICE = {"train": 8, "dev": 3, "test": 3}
-OVERRIDES = ["sft.max_steps=2", "sft.preprocessing_num_workers=1",
-             "mappo.max_steps=1", "mappo.ppo_epochs=1", "mappo.mappo_questions_per_rollout=2",
-             "mappo.mappo_rollout_batch_size=2", "mappo.per_device_train_batch_size=2",
-             "mappo.save_steps=1"]
+OVERRIDES = SIDE_BY_SIDE_TINY_OVERRIDES
 
 pytestmark = pytest.mark.skipif(
     not (DATA / "hotpot_distractor_train.json").is_file(),

@@ -21,14 +21,12 @@ from typing import Any
 
 import pytest
 
+from tests.bench_fixtures import SIDE_BY_SIDE_TINY_OVERRIDES
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "hotpotqa_fullwiki_486"
 SLICE = {"train": 7, "dev": 3, "test": 3}
-#: Sizes cut for 2 CPU cores (the tiny configs' other values stand).
-OVERRIDES = ["sft.max_steps=2", "sft.preprocessing_num_workers=1",
-             "mappo.max_steps=1", "mappo.ppo_epochs=1", "mappo.mappo_questions_per_rollout=2",
-             "mappo.mappo_rollout_batch_size=2", "mappo.per_device_train_batch_size=2",
-             "mappo.save_steps=1"]
+OVERRIDES = SIDE_BY_SIDE_TINY_OVERRIDES
 ROW_KEYS = {"method", "label", "pipeline", "status", "key", "settings", "vs", "seconds",
             "finished", "code", "paired"}
 OK_KEYS = {"model", "num_questions", "f1", "f1_se", "em", "em_se", "acc", "candidate_recall",

@@ -22,6 +22,21 @@ from mmoa.precision import PRECISION_CHOICES
 METHOD_CHOICES = ("toa", "best_of_n")
 
 
+def add_search_budget_arguments(parser: argparse.ArgumentParser, per: str) -> None:
+    """The budget and TOA's constants, one definition for every command that searches
+    (``data toa``, ``data qr-rewrites``); ``per`` names what one budget is spent on."""
+    parser.add_argument("--samples_per_model", type=int, default=TOA_SAMPLES_PER_MODEL,
+                        help=f"budget per {per} = samples_per_model x models "
+                             f"(default {TOA_SAMPLES_PER_MODEL})")
+    parser.add_argument("--alpha", type=float, default=TOA_ALPHA,
+                        help=f"TOA's UCB exploration weight (default {TOA_ALPHA})")
+    parser.add_argument("--tau", type=float, default=TOA_TAU,
+                        help=f"TOA's reward squashing sigmoid(r / tau) (default {TOA_TAU})")
+    parser.add_argument("--width_limit", type=int,
+                        help="TOA: responses per layer before a model node may stop expanding "
+                             "(default: budget / 3)")
+
+
 def add_toa_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``mmoa-cli data toa`` (the QA source flags are added by the caller)."""
     parser.add_argument("--name", default="demo_toa_sft",
@@ -39,16 +54,7 @@ def add_toa_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baselines", action="store_true",
                         help="also build the other method's data (NAME_<method>) and measure the "
                              "heuristic labels; all three go into the label-quality summary")
-    parser.add_argument("--samples_per_model", type=int, default=TOA_SAMPLES_PER_MODEL,
-                        help="budget per question and agent = samples_per_model x models "
-                             f"(default {TOA_SAMPLES_PER_MODEL})")
-    parser.add_argument("--alpha", type=float, default=TOA_ALPHA,
-                        help=f"UCB exploration weight (default {TOA_ALPHA})")
-    parser.add_argument("--tau", type=float, default=TOA_TAU,
-                        help=f"reward squashing sigmoid(r / tau) (default {TOA_TAU})")
-    parser.add_argument("--width_limit", type=int,
-                        help="responses per layer before a model node may stop expanding "
-                             "(default: budget / 3)")
+    add_search_budget_arguments(parser, "question and agent")
     parser.add_argument("--answerer", help="the model (a --model name) whose greedy Generator "
                         "scores the Selector's choices (default: the first model)")
     parser.add_argument("--support_weight", type=float, default=TOA_SELECTOR_SUPPORT_WEIGHT,

@@ -13,10 +13,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from mmoa.defaults import MAX_NEW_TOKENS, TOA_ALPHA, TOA_SAMPLES_PER_MODEL, TOA_TAU
+from mmoa.defaults import MAX_NEW_TOKENS
 from mmoa.fileio import DataFormatError, atomic_write_json
 from mmoa.precision import PRECISION_CHOICES
 from mmoa.synthesis.command import METHOD_CHOICES as METHODS  # light: no model library
+from mmoa.synthesis.command import add_search_budget_arguments
 
 #: Questions searched together and kept as one resumable chunk.
 REWRITE_CHUNK_SIZE = 64
@@ -39,16 +40,7 @@ def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the search whose labels are written (default toa)")
     parser.add_argument("--compare", action="store_true",
                         help="also run the other method at the same budget and report both")
-    parser.add_argument("--samples_per_model", type=int, default=TOA_SAMPLES_PER_MODEL,
-                        help="budget per question = samples_per_model x models "
-                             f"(default {TOA_SAMPLES_PER_MODEL})")
-    parser.add_argument("--alpha", type=float, default=TOA_ALPHA,
-                        help=f"TOA's UCB exploration weight (default {TOA_ALPHA})")
-    parser.add_argument("--tau", type=float, default=TOA_TAU,
-                        help=f"TOA's reward squashing sigmoid(r / tau) (default {TOA_TAU})")
-    parser.add_argument("--width_limit", type=int,
-                        help="TOA: responses per layer before a model node may stop expanding "
-                             "(default: budget / 3)")
+    add_search_budget_arguments(parser, "question")
     parser.add_argument("--k", type=int, default=5,
                         help="candidates the sub-questions are merged into and scored over "
                              "(the pipeline's K; default 5)")
