@@ -115,7 +115,7 @@ def test_config_keys_are_checked_by_name() -> None:
     assert shared.use_cpu is True and args.use_cpu is False
     with pytest.raises(ValueError, match=r"retriever_top_k \(4\) must not exceed"):
         parse_retriever_rl_args({**base, "retriever_top_k": 4, "retriever_pool_size": 3})
-    with pytest.raises(ValueError, match="retriever_alpha must be a positive number"):
+    with pytest.raises(ValueError, match="retriever_alpha must be a finite number > 0"):
         parse_retriever_rl_args({**base, "retriever_alpha": 0})
     with pytest.raises(ValueError, match="retriever_history: true needs retriever_queries"):
         parse_retriever_rl_args({**base, "retriever_history": True})

@@ -112,8 +112,8 @@ def test_grpo_with_groups_of_one_is_refused(pipeline: str) -> None:
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"retriever_group_size": 1}, r"retriever_group_size must be at least 2"),
-    ({"retriever_alpha": 1e-320}, r"retriever_alpha must lie in 1e-08\.\.1e\+08"),
-    ({"retriever_alpha": 1e9}, r"retriever_alpha must lie in"),
+    ({"retriever_alpha": 1e-320}, r"retriever_alpha must be a finite number in \[1e-08, 1e\+08\]"),
+    ({"retriever_alpha": 1e9}, r"retriever_alpha must be a finite number in"),
 ])
 def test_retriever_rl_settings_that_cannot_learn_are_refused(changes: dict[str, Any],
                                                               message: str) -> None:

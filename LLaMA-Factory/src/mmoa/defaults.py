@@ -150,3 +150,37 @@ DRIFT_NEGATIVE_KL = -0.1
 # of evaluation selects nothing (a demo run: 0.26 three steps before the end, 0.75 at the end,
 # 182 of 200 test questions answered without documents).
 DRIFT_EMPTY_SELECTION_RISE = 0.20
+
+# The ranges every stage's numeric keys are checked against when a config is parsed
+# (:mod:`mmoa.config_values`), so that a value that would train nothing, or NaN, is one line
+# naming the key before a model loads.
+#: Sampling temperatures (rollouts, ``mmoa-cli eval --do_sample``): logits are divided by them.
+#: Below 1e-2 sampling is greedy in all but name, while the scaled logits (100x and more) make
+#: the scored log-probabilities tens to thousands of nats, so the PPO ratio exp(new - old) of the
+#: smallest weight change overflows; 1e-320 became 0 in float32 and every logit inf or NaN.
+#: vLLM raises any temperature below 1e-2 to 1e-2 for the same reason. Above 100 the scaled
+#: logits of any model differ by a few hundredths (uniform noise), and a value above float32's
+#: range (3.4e38) turned the Selector's masked (-inf) logits into NaN.
+MIN_TEMPERATURE = 1e-2
+MAX_TEMPERATURE = 100.0
+#: Nucleus top-p and the PPO clip ranges: below 1e-6 (ten float32 steps around 1, whose
+#: epsilon is 1.2e-7) top-p keeps the top token alone and a clip interval [1 - e, 1 + e] holds
+#: hardly a representable ratio besides 1 (every token clipped). GSPO's 3e-4 / 4e-4 are well
+#: above it.
+MIN_PROBABILITY_RANGE = 1e-6
+#: Upper clip range and value clip range: beyond 10 nothing is clipped in practice (PPO 0.2,
+#: DAPO 0.28, a dual clip 3); the lower clip range stays below 1 (1 - e > 0, ratios are > 0).
+MAX_CLIPRANGE = 10.0
+#: Learning rates: an AdamW step moves a weight by about the learning rate, and below 1e-12
+#: that is under float32's resolution (1.2e-7 x the weight) of any weight above 1e-5: a run
+#: that trains nothing. 1e-320 (subnormal) was accepted and trained nothing.
+MIN_LEARNING_RATE = 1e-12
+#: The gradient clipping norm (``max_grad_norm``): a gradient is scaled to at most this norm,
+#: and below 1e-6 (1e-320 was accepted) the clipped step times any learning rate is under
+#: float32's resolution of the weights: nothing trains.
+MIN_MAX_GRAD_NORM = 1e-6
+#: Training steps in a row whose loss or gradient norm is not finite (each one skipped: no
+#: optimiser step) before the run stops (``mappo_max_nonfinite_steps``,
+#: ``retriever_max_nonfinite_steps``): a lone NaN batch is skipped, a diverged run is not
+#: carried on.
+MAX_NONFINITE_STEPS = 3

@@ -43,6 +43,7 @@ from typing import Any
 
 from mmoa.agents.generation_cache import check_generation_cache, resolve_generation_cache
 from mmoa.agents.modes import ORACLE_MODES
+from mmoa.config_values import check_temperature, check_top_p
 from mmoa.data.loaders import AMBIGQA_ANSWER_SETS, DEFAULT_AMBIGQA_ANSWERS
 from mmoa.data.records import QARecord
 from mmoa.data.registry import load_dataset_records
@@ -167,9 +168,10 @@ class EvalConfig:
                      "max_new_tokens_decision"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.temperature <= 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"temperature must be above 0 and top_p in (0, 1], got "
-                             f"{self.temperature} and {self.top_p}")
+        # the ranges every sampled stage shares (mmoa.config_values): 1e-320 sampled with
+        # every logit inf (a traceback)
+        self.temperature = check_temperature("temperature", self.temperature)
+        self.top_p = check_top_p("top_p", self.top_p)
         if self.decision_max_searches < 0:
             raise ValueError(f"decision_max_searches must be at least 0, got "
                              f"{self.decision_max_searches}")

@@ -37,7 +37,16 @@ from typing import Any
 from mmoa import defaults
 from mmoa.agents.generation_cache import GENERATION_CACHES
 from mmoa.agents.prompts import AGENTS
-from mmoa.config_values import typed_fields, typed_value
+from mmoa.config_values import (
+    check_clip_range,
+    check_learning_rate,
+    check_max_grad_norm,
+    check_positive,
+    check_temperature,
+    check_top_p,
+    typed_fields,
+    typed_value,
+)
 from mmoa.pipelines import Pipeline, get_pipeline, pipeline_names
 from mmoa.retrieval.client import DEFAULT_URL
 from mmoa.train.mappo.algorithms import LOSS_SCOPES, Algorithm, algorithm_names, get_algorithm
@@ -90,8 +99,12 @@ def parse_agent_kl_scale(text: str) -> dict[str, float]:
 
 
 def parse_agent_temperature(text: str) -> dict[str, float]:
-    """``mappo_agent_temperature``: rollout temperatures by agent, each > 0."""
-    return parse_agent_values(text, "mappo_agent_temperature", allow_zero=False)
+    """``mappo_agent_temperature``: rollout temperatures by agent, each in the range of every
+    sampling temperature (:func:`~mmoa.config_values.check_temperature`)."""
+    values = parse_agent_values(text, "mappo_agent_temperature", allow_zero=False)
+    for agent, value in values.items():
+        check_temperature(f"mappo_agent_temperature: {agent}'s value", value)
+    return values
 
 
 @dataclass
@@ -381,8 +394,10 @@ class MappoArguments:
         metadata={"help": "With mappo_whiten_advantages: whiten each agent's advantages over "
                           "its own tokens (per-agent baselines) instead of the pooled batch."})
     mappo_max_nonfinite_steps: int = field(
-        default=3, metadata={"help": "Consecutive non-finite losses before the run stops."}
-    )
+        default=defaults.MAX_NONFINITE_STEPS,
+        metadata={"help": "Steps in a row whose every update was skipped for a non-finite loss "
+                          "or gradient norm before the run stops (each such step is logged, "
+                          "nonfinite_skips in trainer_log.jsonl)."})
 
     # the joint option: query-encoder updates (HARR) between MAPPO updates
     mappo_joint_retriever: str | None = field(
@@ -439,8 +454,8 @@ class MappoArguments:
                 named = ", ".join(c for c in choices if c is not None)
                 raise ValueError(f"{name} must be one of {named}, got "
                                  f"{getattr(self, name)!r}")
-        if not 0 < self.mappo_top_p <= 1 or self.mappo_temperature <= 0:
-            raise ValueError("mappo_top_p must be in (0, 1] and mappo_temperature > 0")
+        self.mappo_top_p = check_top_p("mappo_top_p", self.mappo_top_p)
+        self.mappo_temperature = check_temperature("mappo_temperature", self.mappo_temperature)
         temperatures = self.agent_temperatures  # parsed here: a bad value fails before loading
         if temperatures and self.is_multiturn:
             raise ValueError(f"mappo_agent_temperature names the agents of the qr_s_g pipeline; "
@@ -484,13 +499,14 @@ class MappoArguments:
         if self.mappo_retriever_retries < 0:
             raise ValueError(f"mappo_retriever_retries must be >= 0, got "
                              f"{self.mappo_retriever_retries}")
-        for name in ("mappo_retriever_timeout", "mappo_cliprange", "mappo_cliprange_value",
-                     "mappo_kl_horizon", "mappo_ratio_threshold", "mappo_tis_cap"):
+        for name in ("mappo_retriever_timeout", "mappo_kl_horizon", "mappo_ratio_threshold",
+                     "mappo_tis_cap"):
             value = getattr(self, name)
-            if value is None and name in ("mappo_cliprange", "mappo_tis_cap"):
-                continue  # unset: the algorithm's clip range; TIS off
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value}")
+            if value is not None:  # mappo_tis_cap unset: TIS off
+                check_positive(name, value)
+        if self.mappo_cliprange is not None:  # unset: the algorithm's clip range
+            check_clip_range("mappo_cliprange", self.mappo_cliprange, lower=True)
+        check_clip_range("mappo_cliprange_value", self.mappo_cliprange_value)
         for name in ("mappo_vf_coef", "mappo_init_kl_coef", "mappo_min_kl_coef",
                      "mappo_kl_loss_coef"):
             value = getattr(self, name)
@@ -547,9 +563,8 @@ class MappoArguments:
             raise ValueError(f"mappo_algorithm: {algorithm.name} averages its loss by "
                              f"{prescribed}; remove mappo_loss_averaging: "
                              f"{self.mappo_loss_averaging}")
-        high = self.mappo_cliprange_high
-        if high is not None and not (math.isfinite(high) and high > 0):
-            raise ValueError(f"mappo_cliprange_high must be a finite number > 0, got {high}")
+        if self.mappo_cliprange_high is not None:
+            check_clip_range("mappo_cliprange_high", self.mappo_cliprange_high)
         if algorithm.batch_whitened and (not self.mappo_whiten_advantages
                                          or self.mappo_whiten_per_agent):
             key = ("mappo_whiten_advantages: false" if not self.mappo_whiten_advantages
@@ -771,4 +786,16 @@ def typed_llamafactory_keys(config: dict[str, Any]) -> dict[str, Any]:
     for cls in (ModelArguments, DataArguments, TrainingArguments, FinetuningArguments,
                 GeneratingArguments):
         config = typed_fields(cls, config, keep_none=True, kinds=(bool, int, float))
+    check_optimiser_keys(config)
     return config
+
+
+def check_optimiser_keys(config: dict[str, Any]) -> None:
+    """``learning_rate`` and ``max_grad_norm`` of a config (where given; Hugging Face's defaults,
+    5e-5 and 1.0, are fine) in their ranges, at parse time: LLaMA-Factory passes both on
+    unchecked, and ``max_grad_norm: .nan`` trained an all-NaN model that was saved with exit
+    code 0 (:func:`~mmoa.config_values.check_max_grad_norm`)."""
+    if "learning_rate" in config:
+        check_learning_rate("learning_rate", config["learning_rate"])
+    if "max_grad_norm" in config:
+        check_max_grad_norm("max_grad_norm", config["max_grad_norm"])

@@ -11,11 +11,18 @@ run ends up being a different run than the one configured.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Any
 
 from mmoa import defaults
+from mmoa.config_values import (
+    as_number,
+    check_clip_range,
+    check_learning_rate,
+    check_max_grad_norm,
+    check_positive,
+    check_range,
+)
 from mmoa.retrieval.client import DEFAULT_URL
 from mmoa.retrieval.sampling import MAX_ALPHA, MIN_ALPHA
 from mmoa.train.retriever_rl.state import QUERY_MODES
@@ -111,6 +118,9 @@ class RetrieverRLArguments:
     #: current encoder; larger: cheaper, and the rollout log-probs of the stale encoder are
     #: the behaviour policy of the clipped ratio).
     retriever_reload_every: int = 1
+    #: Steps in a row whose update was skipped for a non-finite loss or gradient norm before
+    #: the run stops (a lone one is skipped, logged as ``nonfinite_skips``).
+    retriever_max_nonfinite_steps: int = defaults.MAX_NONFINITE_STEPS
     #: Give the server back the index's own encoder when the run ends.
     retriever_restore_server_encoder: bool = True
 
@@ -124,7 +134,7 @@ class RetrieverRLArguments:
                      "retriever_top_k", "retriever_group_size", "retriever_questions_per_step",
                      "retriever_update_epochs", "retriever_lora_rank", "retriever_lora_alpha",
                      "retriever_generator_batch_size", "retriever_max_new_tokens",
-                     "retriever_reload_every"):
+                     "retriever_reload_every", "retriever_max_nonfinite_steps"):
             positive(name)
         limit = self.save_total_limit
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
@@ -138,19 +148,21 @@ class RetrieverRLArguments:
             raise ValueError(f"retriever_group_size must be at least 2, got "
                              f"{self.retriever_group_size} (a group of one retrieval is its own "
                              f"baseline: every advantage is 0 and nothing is learned)")
-        for name in ("retriever_alpha", "learning_rate", "retriever_cliprange",
-                     "retriever_timeout", "max_grad_norm"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) \
-                    or not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
-        if not MIN_ALPHA <= self.retriever_alpha <= MAX_ALPHA:
-            raise ValueError(f"retriever_alpha must lie in {MIN_ALPHA:g}..{MAX_ALPHA:g} (the "
-                             f"server's range: beyond it score / alpha overflows and the loss is "
-                             f"NaN), got {self.retriever_alpha!r}")
-        if not 0 <= self.retriever_lora_dropout < 1:
-            raise ValueError(f"retriever_lora_dropout must lie in [0, 1), got "
-                             f"{self.retriever_lora_dropout!r}")
+        # the ranges every stage shares (mmoa.config_values): one line naming the key for
+        # NaN, 1e-320, 1e+400 or a 400-digit integer
+        self.learning_rate = check_learning_rate("learning_rate", self.learning_rate)
+        self.max_grad_norm = check_max_grad_norm("max_grad_norm", self.max_grad_norm)
+        self.retriever_cliprange = check_clip_range("retriever_cliprange",
+                                                    self.retriever_cliprange, lower=True)
+        self.retriever_timeout = check_positive("retriever_timeout", self.retriever_timeout)
+        if not as_number("retriever_alpha", self.retriever_alpha) > 0:
+            check_positive("retriever_alpha", self.retriever_alpha)
+        self.retriever_alpha = check_range(
+            "retriever_alpha", self.retriever_alpha, MIN_ALPHA, MAX_ALPHA,
+            why=" (the server's range: beyond it score / alpha overflows and the loss is NaN)")
+        self.retriever_lora_dropout = check_range("retriever_lora_dropout",
+                                                  self.retriever_lora_dropout, 0.0, 1.0,
+                                                  high_open=True)
         if self.retriever_finetuning not in FINETUNING_TYPES:
             raise ValueError(f"retriever_finetuning must be one of {list(FINETUNING_TYPES)}, "
                              f"got {self.retriever_finetuning!r}")
