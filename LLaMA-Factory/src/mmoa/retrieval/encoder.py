@@ -657,31 +657,46 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.b
 def check_loaded(encoder: Encoder, folder: Path, names: set[str], texts: Sequence[str]
                  ) -> None:
     """What only a loaded encoder shows, named by file of ``folder`` (which held the files
-    ``names``): weights the checkpoint lacked, and a tokenizer that does not fit the weights.
+    ``names``): weights the checkpoint lacked (:func:`check_missing_tensors`), and a tokenizer
+    that does not fit the weights (:func:`check_tokenizer`)."""
+    check_missing_tensors(encoder.missing_keys, folder)
+    check_tokenizer(encoder.tokenizer, encoder.model.get_input_embeddings().num_embeddings,
+                    encoder.config.max_length, folder, names, texts)
 
-    * missing tensors (other than the pooler head, which the mean/CLS pooling never uses):
-      transformers initialises them randomly and serves a random encoder;
-    * no tokenizer files, or a tokenizer that turns most words of real ``texts`` into its
-      unknown token (a fallback vocabulary of special tokens only);
-    * token ids beyond the embedding's rows (another model's tokenizer): every search was a
-      500 afterwards while ``/health`` said ok.
-    """
-    missing = [k for k in encoder.missing_keys if not k.startswith("pooler.")]
+
+def check_missing_tensors(missing_keys: Sequence[str], folder: Path) -> None:
+    """Tensors the checkpoint lacked (other than the pooler head, which the mean/CLS pooling
+    never uses): transformers initialises them randomly and serves a random encoder."""
+    missing = [k for k in missing_keys if not k.startswith("pooler.")]
     if missing:
         shown = ", ".join(missing[:4]) + (f" (+{len(missing) - 4} more)" if len(missing) > 4
                                           else "")
         raise EncoderFolderError(folder / "model.safetensors", (
             f"tensors missing: {shown}; transformers would fill them with random values"))
-    tokenizer = encoder.tokenizer
+
+
+def check_tokenizer(tokenizer: Any, rows: int, max_length: int, folder: Path, names: set[str],
+                    texts: Sequence[str]) -> None:
+    """The tokenizer of an encoder whose embedding has ``rows`` rows, loaded from ``folder``
+    (which held the files ``names``), against real ``texts``: the server's reload and the
+    ``retriever_rl`` stage's query encoder share it.
+
+    * no tokenizer files: transformers makes a fallback tokenizer that turns most words into
+      the unknown token (every query then got the same vector and the same passages; a
+      ``retriever_rl`` run trained to exit 0 with recall 0.00);
+    * a tokenizer that turns most words of ``texts`` into its unknown token (a fallback
+      vocabulary of special tokens only);
+    * token ids beyond the embedding's rows (another model's tokenizer): every search was a
+      500 afterwards while ``/health`` said ok.
+    """
     if not names & set(TOKENIZER_FILES) and not any(n.endswith(".model") for n in names):
         raise EncoderFolderError(folder / "tokenizer.json", (
             f"no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...): transformers made a "
             f"fallback tokenizer of {len(tokenizer)} tokens; save the tokenizer beside the "
             f"weights (tokenizer.save_pretrained)"))
     shown = folder / next((n for n in TOKENIZER_FILES if n in names), "tokenizer.json")
-    rows = encoder.model.get_input_embeddings().num_embeddings
     ids = tokenizer(list(texts), add_special_tokens=True, truncation=True,
-                    max_length=encoder.config.max_length)["input_ids"]
+                    max_length=max_length)["input_ids"] if texts else []
     flat = [i for row in ids for i in row]
     top = max(flat, default=0)
     if top >= rows or len(tokenizer) > rows:

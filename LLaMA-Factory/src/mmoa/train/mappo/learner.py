@@ -436,7 +436,7 @@ class PPOLearner:
         self.clip_grad = clip_grad or torch.nn.utils.clip_grad_norm_
         self.generator = generator
         self.engine_steps = engine_steps
-        self.all_reduce = all_reduce or (lambda tensor: tensor)
+        self.all_reduce = all_reduce or _identity
         self.no_sync = no_sync
         #: Processes averaging gradients, asked once (:meth:`_processes`).
         self._world: int | None = None
@@ -608,7 +608,9 @@ class PPOLearner:
                     ratio_skips += skip == RATIO
                     continue
                 grad_norm = self.clip_grad(self.model.parameters(), cfg.max_grad_norm)
-                if grad_norm is not None and not math.isfinite(float(grad_norm)):
+                if not self._agreed_finite(grad_norm):
+                    # a gradient with a NaN or an infinity: no optimiser step (Adam's moments
+                    # would hold the NaN for good), counted with the non-finite losses
                     self.optimizer.zero_grad(set_to_none=True)
                     skipped += 1
                     continue
@@ -805,10 +807,26 @@ class PPOLearner:
             return NONFINITE
         return RATIO if on_any[1] else None
 
+    def _agreed_finite(self, grad_norm: Any) -> bool:
+        """Whether the gradient norm ``clip_grad`` computed (and returned: no extra pass) is
+        finite on every process. DDP's gradients are averaged before clipping, so the norms are
+        equal; the one-scalar all-reduce makes sure of it, since a process that stepped while
+        another skipped would leave their weights apart for good."""
+        bad = grad_norm is not None and not math.isfinite(float(grad_norm))
+        if self.all_reduce is _identity:
+            return not bad
+        flag = torch.tensor([float(bad)], device=self.device)
+        return not bool(self.all_reduce(flag)[0] > 0)
+
     def _sync_context(self, boundary: bool) -> contextlib.AbstractContextManager[Any]:
         if boundary or self.no_sync is None:
             return contextlib.nullcontext()
         return self.no_sync(self.model)
+
+
+def _identity(tensor: torch.Tensor) -> torch.Tensor:
+    """The all-reduce of a single process."""
+    return tensor
 
 
 def behaviour_ratio_stats(rollout: Rollout) -> dict[str, float]:

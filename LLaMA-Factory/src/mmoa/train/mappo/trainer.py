@@ -76,6 +76,7 @@ from mmoa.data.records import QARecord
 from mmoa.fileio import atomic_dir, atomic_write_json
 from mmoa.pipelines import Timings
 from mmoa.precision import device_type_of
+from mmoa.train.finite import describe, nonfinite_parameters
 from mmoa.train.mappo.agent_stats import DRIFT_FLAGS_KEY, DriftMonitor
 from mmoa.train.mappo.args import MappoArguments
 from mmoa.train.mappo.checkpoint_files import (
@@ -578,6 +579,7 @@ class MappoTrainer(Trainer):
         logs.update(tis_stats(rollout))
         logs.update(rollout_diagnostics(rollout))
         stats = learner.update(rollout)
+        self._check_weights_after_update(step)
         kl = learner.update_kl(rollout)
         reason = nothing_to_learn(rollout, stats)
         if reason is not None:
@@ -586,8 +588,10 @@ class MappoTrainer(Trainer):
         t3 = time.perf_counter()
         if stats["skipped_updates"] >= stats["updates"]:
             self._nonfinite_in_a_row += 1
-            mappo_logger().warning(f"[mappo] step {step + 1}: non-finite loss, update skipped "
-                                   f"({self._nonfinite_in_a_row} in a row)")
+            mappo_logger().warning(f"[mappo] step {step + 1}: non-finite loss or gradient norm, "
+                                   f"update skipped ({self._nonfinite_in_a_row} in a row, "
+                                   f"mappo_max_nonfinite_steps "
+                                   f"{self.mappo_args.mappo_max_nonfinite_steps})")
             if self._nonfinite_in_a_row >= self.mappo_args.mappo_max_nonfinite_steps:
                 # This step ran (its rollout, scheduler and KL controller moved on; only the
                 # update was skipped): saved as completed, so that the checkpoint's state is
@@ -595,11 +599,16 @@ class MappoTrainer(Trainer):
                 self.state.global_step = step + 1
                 checkpoint = self.save_mappo_checkpoint(learner)
                 raise TrainingStopped(
-                    f"{self._nonfinite_in_a_row} steps in a row had non-finite losses; "
+                    f"{self._nonfinite_in_a_row} steps in a row had non-finite losses or "
+                    f"gradient norms; "
                     f"stopping after step {step + 1}, saved in {checkpoint} (lower the learning "
                     f"rate or check the data, then resume with "
                     f"resume_from_checkpoint={checkpoint})")
         else:
+            if stats["skipped_updates"]:
+                mappo_logger().warning(
+                    f"[mappo] step {step + 1}: {stats['skipped_updates']:g} of "
+                    f"{stats['updates']:g} updates skipped (non-finite loss or gradient norm)")
             self._nonfinite_in_a_row = 0
         losses = ("loss", "policy_loss", "entropy", "clipfrac", "approx_kl", "grad_norm")
         algorithm = self.mappo_args.algorithm
@@ -616,6 +625,9 @@ class MappoTrainer(Trainer):
         if stats.get("stopped_early"):  # a stop request cut the update short
             logs["stopped_early"] = 1.0
         logs.update({
+            # updates left out for a non-finite loss or gradient norm (trainer_log.jsonl)
+            "nonfinite_skips": stats["skipped_updates"],
+            "nonfinite_in_a_row": float(self._nonfinite_in_a_row),
             "ratio_skips": stats.get("ratio_skips", 0.0),
             "dropped_empty": float(learner.dropped_empty),
             "kl_coef": float(learner.kl_ctl.value),
@@ -798,13 +810,59 @@ class MappoTrainer(Trainer):
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
+    # -- finite weights ------------------------------------------------------------------------
+
+    def _policy_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """The weights a checkpoint or the final model holds: the policy's and the value
+        head's (not a frozen reference copy)."""
+        unwrapped: PolicyWithValue = self.accelerator.unwrap_model(self.model)
+        yield from unwrapped.policy.named_parameters(prefix="policy")
+        if unwrapped.v_head is not None:
+            yield from unwrapped.v_head.named_parameters(prefix="v_head")
+
+    def _nonfinite_weights(self, trainable_only: bool) -> list[str]:
+        """The policy and value-head tensors holding a NaN or an infinity, agreed over the
+        processes (ZeRO-3 partitions them: each checks its own); empty when all are finite.
+        Every process must call it at the same point."""
+        names = nonfinite_parameters(self._policy_parameters(), trainable_only=trainable_only)
+        if self._any_process(bool(names)) and not names:
+            names = ["on another process"]
+        return names
+
+    def _last_good(self) -> str:
+        """What the user has left after weights went non-finite: this run's last checkpoint."""
+        if self._saved_step is None:
+            return "no checkpoint of this run was written"
+        folder = Path(self.args.output_dir) / f"{CHECKPOINT_PREFIX}-{self._saved_step}"
+        return f"the last checkpoint, {folder}, stays as it was"
+
+    def _check_weights_after_update(self, step: int) -> None:
+        """Stop the run when the update left a NaN or an infinity in a trained weight: the
+        next rollout would sample from NaN logits (a traceback), and no later save may write
+        them. Checked on the trainable tensors only (what an optimiser step changes)."""
+        bad = self._nonfinite_weights(trainable_only=True)
+        if bad:
+            raise TrainingStopped(
+                f"step {step + 1}: the update left NaN or infinite values in {describe(bad)} "
+                f"(its loss and gradient norm were finite); nothing of it is saved and "
+                f"{self._last_good()}; lower learning_rate or max_grad_norm")
+
+    def _refuse_nonfinite_save(self, what: str) -> None:
+        """Raise before anything is written when a weight to be saved is not finite."""
+        bad = self._nonfinite_weights(trainable_only=False)
+        if bad:
+            raise TrainingStopped(f"refusing to write {what}: {describe(bad)} hold NaN or "
+                                  f"infinite values; {self._last_good()}")
+
     # -- checkpoints ---------------------------------------------------------------------------
 
     def save_policy(self, folder: Path) -> None:
         """Adapter (LoRA) or full weights, the value head (ppo only) and the tokenizer.
 
         Every process must call it: under ZeRO-3 the weights are gathered from all of them;
-        the main process writes."""
+        the main process writes. Weights with a NaN or an infinity are never written (a
+        :class:`TrainingStopped` instead)."""
+        self._refuse_nonfinite_save(f"the model to {folder}")
         state = self._gathered_state()
         if self.is_world_process_zero():
             self._write_policy(Path(folder), state)
@@ -841,6 +899,7 @@ class MappoTrainer(Trainer):
         folder = Path(self.args.output_dir) / f"{CHECKPOINT_PREFIX}-{self.state.global_step}"
         if self._saved_step == self.state.global_step:  # the same on every process
             return folder
+        self._refuse_nonfinite_save(str(folder))
         distributed = self.args.world_size > 1
         staging = folder.with_name(f".{folder.name}.parts")
         if distributed:

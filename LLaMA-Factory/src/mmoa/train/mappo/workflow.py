@@ -281,8 +281,10 @@ def build_mappo_trainer(config: dict[str, Any], callbacks: list[Any] | None = No
                             temperature=mappo_args.mappo_temperature,
                             agent_temperatures=mappo_args.agent_temperatures)
     # the trainer log (what the web UI reads) also carries the counterfactual credit's stats
+    # and the updates skipped for a non-finite loss or gradient norm
     log_keys = [*plot_keys(mappo_args.algorithm),
-                *counterfactual_log_keys(mappo_args.counterfactual_agents)]
+                *counterfactual_log_keys(mappo_args.counterfactual_agents),
+                "nonfinite_skips", "nonfinite_in_a_row"]
 
     trainer = MappoTrainer(
         model=model, tokenizer=tokenizer, template=data_args.template, records=records,

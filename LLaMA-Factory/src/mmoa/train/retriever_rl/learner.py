@@ -26,7 +26,8 @@ from mmoa.train.mappo.ppo_math import group_relative_advantages, policy_loss, ze
 
 
 class NonFiniteLossError(ValueError):
-    """The GRPO loss is NaN or infinite: the update is not applied and the run stops."""
+    """The GRPO loss or its gradient norm is NaN or infinite: the update is not applied (the
+    stage skips the step, and stops after ``retriever_max_nonfinite_steps`` in a row)."""
 
 
 def sample_logprobs(query_vectors: torch.Tensor, pool_vectors: torch.Tensor,
@@ -131,7 +132,15 @@ def grpo_update(embed: Callable[[Sequence[str]], torch.Tensor],
             break
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm))
+        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
+        if not torch.isfinite(grad_norm):
+            # the norm clip_grad_norm_ computed anyway: stepping would write NaN into AdamW's
+            # moments and the encoder for good
+            optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteLossError(
+                f"the gradient norm is not finite ({float(grad_norm)}) in update epoch "
+                f"{epoch + 1}; its update was not applied")
+        stats["grad_norm"] = float(grad_norm)
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if signal:

@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmoa.retrieval.encoder import EncoderConfig, pool_hidden, resolve_model_path
+from mmoa.retrieval.encoder import (
+    EncoderConfig,
+    check_missing_tensors,
+    check_tokenizer,
+    pool_hidden,
+    resolve_model_path,
+)
 from mmoa.retrieval.index import INDEX_FILE, META_FILE, IndexMeta, encoder_config_from_meta
 
 #: Files of a sentence-transformers folder that ``save_pretrained`` does not write; copied from
@@ -34,14 +40,27 @@ class QueryEncoderPolicy(torch.nn.Module):
     def __init__(self, config: EncoderConfig, finetuning: str = "lora", lora_rank: int = 32,
                  lora_alpha: int = 64, lora_dropout: float = 0.0,
                  lora_targets: Sequence[str] = ("query", "key", "value"),
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", sample_texts: Sequence[str] = ()
+                 ) -> None:
+        """``sample_texts`` (the run's questions) prove the tokenizer on real words.
+
+        The encoder folder gets the checks the server's reload makes once it has loaded one
+        (:func:`~mmoa.retrieval.encoder.check_missing_tensors`,
+        :func:`~mmoa.retrieval.encoder.check_tokenizer`; an ``EncoderFolderError`` naming the
+        file): without tokenizer files transformers builds a fallback tokenizer that turns the
+        words into its unknown token, and a run trained every query to one vector, exit 0,
+        recall 0.00."""
         super().__init__()
         from transformers import AutoModel, AutoTokenizer
 
         self.config = config
         self.source = resolve_model_path(config.model)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.source))
-        model = AutoModel.from_pretrained(str(self.source))
+        model, info = AutoModel.from_pretrained(str(self.source), output_loading_info=True)
+        check_missing_tensors(sorted(info.get("missing_keys") or ()), self.source)
+        check_tokenizer(self.tokenizer, model.get_input_embeddings().num_embeddings,
+                        config.max_length, self.source,
+                        {p.name for p in self.source.iterdir() if p.is_file()}, sample_texts)
         self.finetuning = finetuning
         if finetuning == "lora":
             from peft import LoraConfig, get_peft_model

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from mmoa.fileio import atomic_dir, atomic_write_json, atomic_write_text
 from mmoa.train.mappo.checkpoint_files import rotate_checkpoints
 from mmoa.train.retriever_rl.args import RetrieverRLArguments, parse_retriever_rl_args
+from mmoa.train.retriever_rl.learner import NonFiniteLossError, grpo_update
 
 #: LLaMA-Factory's per-step log, read by the web UI's progress bar.
 TRAINER_LOG_FILE = "trainer_log.jsonl"
@@ -87,7 +88,8 @@ class RetrieverRLTrainer:
             self.policy = QueryEncoderPolicy(
                 config, args.retriever_finetuning, args.retriever_lora_rank,
                 args.retriever_lora_alpha, args.retriever_lora_dropout, args.lora_targets,
-                device="cuda" if torch.cuda.is_available() and not args.use_cpu else "cpu")
+                device="cuda" if torch.cuda.is_available() and not args.use_cpu else "cpu",
+                sample_texts=[r.question for r in self.records[:64]])
         except EncoderFolderError as err:  # names the file and the reason
             raise ValueError(f"retriever_encoder: {_one_line(err)}") from err
         except ValueError as err:
@@ -109,6 +111,11 @@ class RetrieverRLTrainer:
                                          use_cpu=args.use_cpu)
         self.generator = generator if self.answers_needed else None
         self.step = 0
+        #: Steps in a row whose update was skipped (non-finite loss or gradient norm).
+        self.nonfinite_in_a_row = 0
+        #: This run's last checkpoint (or the one it resumed from): what a user has left
+        #: when the weights go non-finite.
+        self.last_checkpoint: Path | None = None
         self.log_history: list[dict[str, Any]] = []
         self.started = time.monotonic()
 
@@ -267,8 +274,6 @@ class RetrieverRLTrainer:
         """One step: rollouts from the served encoder, one GRPO update, the server reloaded
         (every ``retriever_reload_every`` updates, and never after the last one: see
         :meth:`sync_server`), the log line. Returns the step's figures."""
-        from mmoa.train.retriever_rl.learner import NonFiniteLossError, grpo_update
-
         args = self.args
         step_started = time.perf_counter()
         groups, stats = self.rollout(self.step)
@@ -279,8 +284,12 @@ class RetrieverRLTrainer:
                 groups, alpha=args.retriever_alpha, cliprange=args.retriever_cliprange,
                 epochs=args.retriever_update_epochs, max_grad_norm=args.max_grad_norm,
                 normalise=args.retriever_grpo_normalise))
-        except NonFiniteLossError as err:  # ends the run with exit code 1, no checkpoint
-            raise NonFiniteLossError(f"step {self.step + 1}: {err}") from err
+            stats["nonfinite_skips"] = 0.0
+            self.nonfinite_in_a_row = 0
+        except NonFiniteLossError as err:
+            self.skip_nonfinite_step(err)
+            stats.update(loss=float("nan"), nonfinite_skips=1.0)
+        self.check_weights(f"step {self.step + 1}: the update left", trainable_only=True)
         stats["time/update"] = time.perf_counter() - started
         self.step += 1
         if self.step % args.retriever_reload_every == 0 and self.step < args.max_steps:
@@ -289,8 +298,40 @@ class RetrieverRLTrainer:
         self.log(stats)
         return stats
 
+    def skip_nonfinite_step(self, err: NonFiniteLossError) -> None:
+        """A step whose loss or gradient norm was not finite: nothing was applied; warned
+        about and counted, and the ``retriever_max_nonfinite_steps``-th in a row ends the run
+        (exit code 1, one line): a lone NaN batch is skipped, a diverged run is not carried
+        on."""
+        self.nonfinite_in_a_row += 1
+        limit = self.args.retriever_max_nonfinite_steps
+        where = f"step {self.step + 1}: {err}"
+        if self.nonfinite_in_a_row >= limit:
+            kept = (f"the last checkpoint, {self.last_checkpoint}, stays as it was"
+                    if self.last_checkpoint else "no checkpoint of this run was written")
+            raise NonFiniteLossError(f"{where}; {self.nonfinite_in_a_row} steps in a row were "
+                                     f"not finite (retriever_max_nonfinite_steps {limit}), "
+                                     f"stopping; {kept}")
+        print(f"[retriever_rl] warning: {where}; step skipped ({self.nonfinite_in_a_row} in a "
+              f"row, retriever_max_nonfinite_steps {limit})", file=sys.stderr, flush=True)
+
+    def check_weights(self, what: str, trainable_only: bool = False) -> None:
+        """A ``NonFiniteLossError`` (one line, exit code 1) when a weight of the query encoder
+        holds a NaN or an infinity: ``what`` says where (an update, or the save refused)."""
+        from mmoa.train.finite import describe, nonfinite_parameters
+
+        bad = nonfinite_parameters(self.policy.model.named_parameters(),
+                                   trainable_only=trainable_only)
+        if bad:
+            kept = (f"the last checkpoint, {self.last_checkpoint}, stays as it was"
+                    if self.last_checkpoint else "no checkpoint of this run was written")
+            raise NonFiniteLossError(f"{what} NaN or infinite values in {describe(bad)}; "
+                                     f"nothing was written; {kept}")
+
     def finish(self) -> None:
-        """The final servable encoder, the state and the plots in ``output_dir``."""
+        """The final servable encoder, the state and the plots in ``output_dir`` (refused,
+        one line, when a weight is not finite)."""
+        self.check_weights(f"refusing to write {self.output / FINAL_ENCODER}:")
         with atomic_dir(self.output / FINAL_ENCODER) as tmp:
             self.policy.save_encoder(tmp)
         atomic_write_json(self.output / "trainer_state.json", self.state())
@@ -335,14 +376,17 @@ class RetrieverRLTrainer:
     def state(self) -> dict[str, Any]:
         return {"global_step": self.step, "max_steps": self.args.max_steps,
                 "log_history": self.log_history, "stage": "retriever_rl",
+                "nonfinite_in_a_row": self.nonfinite_in_a_row,
                 "retriever_finetuning": self.args.retriever_finetuning}
 
     def save_checkpoint(self) -> Path:
         """``checkpoint-<step>/`` in ``output_dir``, written whole or not at all; then the
         oldest beyond ``save_total_limit`` are removed, as MAPPO's saves do."""
         folder = self.output / f"checkpoint-{self.step}"
+        self.check_weights(f"refusing to write {folder}:")
         with atomic_dir(folder) as tmp:
             self.write_checkpoint(tmp)
+        self.last_checkpoint = folder
         for old in rotate_checkpoints(self.output, self.args.save_total_limit):
             print(f"[retriever_rl] save_total_limit {self.args.save_total_limit}: removed {old}",
                   file=sys.stderr, flush=True)
@@ -375,6 +419,8 @@ class RetrieverRLTrainer:
         self.policy.load_trainable_state(torch.load(folder / "trainable.pt", weights_only=True))
         self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
         self.step = int(state["global_step"])
+        self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))  # absent before #72
+        self.last_checkpoint = folder
         self.log_history = list(state["log_history"])
         atomic_write_text(self.output / TRAINER_LOG_FILE,
                           (folder / TRAINER_LOG_FILE).read_text(encoding="utf-8"))
