@@ -150,14 +150,23 @@ def test_the_rollout_counter_names_the_stage_of_each_row(tmp_path: Path) -> None
     counter = RolloutCounter(progress, [RolloutStage(a, 4) for a in ("qr", "selector",
                                                                       "generator")])
     assert progress.phase == "rollout" and progress.total == 12
+    assert progress.detail == "qr, question 0/4"  # the first stage, before any row is in
     seen = []
     for _ in range(6):
         counter.add(2)
         seen.append(progress.detail)
-    assert seen == ["qr, question 2/4", "qr, question 4/4", "selector, question 2/4",
-                    "selector, question 4/4", "generator, question 2/4",
+    # the stage under way: once a stage's rows are in, the next one's generate call runs
+    # (the Generator's phase used to never show: its one call ended the rollout)
+    assert seen == ["qr, question 2/4", "selector, question 0/4", "selector, question 2/4",
+                    "generator, question 0/4", "generator, question 2/4",
                     "generator, question 4/4"]
     assert progress.done == 12
+    one_call = RolloutCounter(progress, [RolloutStage(a, 4) for a in ("qr", "selector",
+                                                                       "generator")])
+    one_call.add(4)
+    assert progress.detail == "selector, question 0/4"
+    one_call.add(4)
+    assert progress.detail == "generator, question 0/4"
     turns = RolloutStage("search turns", 12, "generation", exact=False)
     assert turns.describe(5) == "search turns, generation 5/at most 12"
 

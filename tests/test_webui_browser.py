@@ -259,8 +259,9 @@ class Board:
             "return arguments[0].getBoundingClientRect().top + window.scrollY;", self.find(css)))
 
     def progress(self) -> float:
-        """The Train tab's progress bar (percentage), 0 while it is hidden."""
-        inputs = self.find_all("#mmoa-train-progress_bar input[type=number]")
+        """The Train tab's progress bar (percentage), 0 while it is hidden (its range input:
+        the number box is not drawn, the bar is no field to set)."""
+        inputs = self.find_all("#mmoa-train-progress_bar input[type=range]")
         if not inputs or not inputs[0].is_displayed():
             return 0.0
         return float(self.driver.execute_script("return arguments[0].value;", inputs[0]) or 0)
@@ -317,6 +318,7 @@ def test_mappo_stage_preview_start_progress_and_stop(board: Board, webui: dict,
     shown = _wait_for(lambda: (t := board.text("#mmoa-train-output_box")) and refusal in t
                       and t, 60, "Start to be refused")
     assert shown.count(refusal) == 1 and START_COMMAND in shown and "\n" not in shown.strip()
+    assert f"{START_COMMAND} --port {down_url.rsplit(':', 1)[1]}" in shown  # the port asked
     assert not any(refusal in t.text for t in board.find_all(".toast-text")), "no toast too"
     assert not output_dir.exists() or not (output_dir / "training_args.yaml").exists()
     board.screenshot("webui_01b_server_down")
@@ -405,6 +407,69 @@ def test_mappo_stage_preview_start_progress_and_stop(board: Board, webui: dict,
     assert not (output_dir / "adapter_model.safetensors").exists()
 
 
+def test_cpu_preset_then_preview_and_start_run_without_an_error(
+        board: Board, webui: dict, tiny_server_url: str) -> None:
+    """What a newcomer presses first (issue 72): the CPU demo preset, Preview, Start. The
+    preset's Save steps 2 was under the slider's minimum of 10, so Preview and Start failed
+    with "Value 2 is less than minimum value 10". Now both work, the bar says the model is
+    loading before step 1, it is read-only, and the 2-step run finishes with checkpoint-2.
+    (The model, dataset and server are the previous test's; the extra-arguments box is set
+    back to LlamaBoard's default so that the preset's values are the ones that run.)"""
+    output_dir = webui["workdir"] / "runs" / "preset_ui"
+    board.click("button[role=tab]:first-child")
+    board.open_accordion("mmoa-train-extra_tab", "#mmoa-train-extra_args textarea")
+    board.type("#mmoa-train-extra_args textarea", json.dumps({"optim": "adamw_torch"}))
+    board.open_accordion("mmoa-train-mappo_tab", "#mmoa-train-mappo_retriever_url textarea")
+    assert board.value("#mmoa-train-mappo_retriever_url textarea") == tiny_server_url
+    board.type("#mmoa-train-output_dir input", str(output_dir), submit=True)
+    board.click("#mmoa-train-preset_cpu")
+    _wait_for(lambda: board.value("#mmoa-train-save_steps input[type=number]") == "2", 20,
+              "the preset's Save steps")
+    assert board.value("#mmoa-train-mappo_max_steps input[type=number]") == "2"
+    assert board.value("#mmoa-train-logging_steps input[type=number]") == "1"
+
+    board.click("#mmoa-train-cmd_preview_btn")
+    try:
+        preview = _wait_for(lambda: (t := board.text("#mmoa-train-output_box")) and
+                            "stage: mappo" in t and t, 30, "the preview after the preset")
+    except AssertionError:
+        board.screenshot("webui_02b_preset_preview_failed")
+        board.check_no_error_toast()  # the toast's text and the web UI's log, if any
+        raise AssertionError("no preview after the preset; the output box says: "
+                             f"{board.text('#mmoa-train-output_box')[:600]!r}") from None
+    board.check_no_error_toast()
+    for expected in ("max_steps: 2", "save_steps: 2", "logging_steps: 1",
+                     "mappo_questions_per_rollout: 2", "mappo_max_new_tokens_generator: 24"):
+        assert expected in preview, f"{expected!r} not in the preview:\n{preview}"
+    board.screenshot("webui_02b_preset_preview")
+
+    board.click("#mmoa-train-start_btn")
+    labels: list[str] = []
+
+    def finished() -> str | None:
+        board.check_no_error_toast()
+        bar = board.find_all("#mmoa-train-progress_bar")
+        if bar and bar[0].is_displayed() and bar[0].text:
+            labels.append(bar[0].text)
+            for field in board.find_all("#mmoa-train-progress_bar input"):
+                assert not field.is_enabled(), "the progress bar is editable"
+                assert field.value_of_css_property("pointer-events") == "none"
+            assert not [n for n in board.find_all("#mmoa-train-progress_bar "
+                                                 "input[type=number]") if n.is_displayed()]
+        text = board.text("#mmoa-train-output_box")
+        return text if any(word in text for word in ("Finished", "Failed", "Stopped")) \
+            else None
+
+    final = _wait_for(finished, 420, f"the preset's run to end (log: {output_dir})",
+                      interval=0.5)
+    board.screenshot("webui_03c_preset_finished")
+    assert "Finished" in final, final
+    assert any(label.startswith("Loading the model") for label in labels) or any(
+        "step 1/2" in label for label in labels), labels
+    assert (output_dir / "checkpoint-2").is_dir()
+    assert "save_steps: 2" in (output_dir / "training_args.yaml").read_text()
+
+
 def _reference_trace(model_dir: Path, question: str, url: str, k: int) -> Any:
     """The trace of ``question`` from the real pipeline, run in this process."""
     from mmoa.agents.pipeline import RagPipeline
@@ -430,6 +495,8 @@ def test_playground_shows_the_pipeline_trace(board: Board, tiny_model_dir: Path,
     # It starts on the demo's model (here the tiny one, where run_demo.sh leaves it).
     assert board.value("#mmoa-pg-model_path textarea") == "models/tiny-llama3"
     assert board.value("#mmoa-pg-template input") == "llama3"
+    # the server the Train tab names (the Playground used to forget it)
+    assert board.value("#mmoa-pg-retriever_url textarea") == tiny_server_url
     board.type("#mmoa-pg-retriever_url textarea", tiny_server_url)
     board.type("#mmoa-pg-top_k input[type=number]", "6")
     board.click("#mmoa-pg-load")

@@ -945,7 +945,8 @@ def test_the_progress_bar_follows_the_step_under_way(ui: tuple[Any, Any], tmp_pa
 
     (tmp_path / "training_args.yaml").write_text("stage: mappo\n")
     _, progress, _ = runner.get_trainer_info("en", str(tmp_path), True)
-    assert progress.visible is False  # nothing yet
+    # before step 1 (no step_progress.json yet): the model loads, and the bar says so
+    assert progress.visible is True and progress.label.startswith("Loading the model")
     _progress_record(tmp_path)
     _, progress, _ = runner.get_trainer_info("en", str(tmp_path), True)
     assert progress.value == 36.11 and progress.visible is True

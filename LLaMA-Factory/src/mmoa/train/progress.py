@@ -119,13 +119,15 @@ class StepProgress:
         self._phase_seconds = {}
         self._emit(force=True)
 
-    def begin_phase(self, phase: str, total: int) -> None:
+    def begin_phase(self, phase: str, total: int, detail: str = "") -> None:
+        """``phase`` begins with ``total`` units; ``detail``: where it starts (the rollout's
+        first stage)."""
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}; one of {', '.join(PHASES)}")
         now = self.clock()
         if self.phase is not None:
             self._phase_seconds[self.phase] = now - self._phase_started
-        self.phase, self.done, self.total, self.detail = phase, 0, max(0, int(total)), ""
+        self.phase, self.done, self.total, self.detail = phase, 0, max(0, int(total)), detail
         self._phase_started = now
         self._emit(force=True)
 
@@ -282,24 +284,34 @@ class ConsoleLine:
 
 class RolloutCounter:
     """Maps the rows generated so far onto the pipeline's stages and reports them to a
-    :class:`StepProgress` (the ``rollout`` phase)."""
+    :class:`StepProgress` (the ``rollout`` phase).
+
+    The detail names the stage *under way*: rows are counted after each generate call, so
+    once a stage's last row is in, the next generate call is the next stage's, and the label
+    says so (``generator, question 0/16``). It used to name the finished stage until the next
+    call returned, so the last stage (the Generator's) never showed at all: its only call ended
+    the rollout."""
 
     def __init__(self, progress: StepProgress, stages: Sequence[RolloutStage]) -> None:
         self.progress = progress
         self.stages = tuple(stages)
         self.rows = 0
-        progress.begin_phase("rollout", sum(stage.rows for stage in self.stages))
+        progress.begin_phase("rollout", sum(stage.rows for stage in self.stages),
+                             self.stages[0].describe(0) if self.stages else "")
 
     def add(self, rows: int) -> None:
         self.rows += rows
         left = self.rows
+        detail = ""
         for index, stage in enumerate(self.stages):
-            if left <= stage.rows or index == len(self.stages) - 1:
+            last = index == len(self.stages) - 1
+            if left < stage.rows or last:
                 detail = stage.describe(min(left, stage.rows))
                 break
+            if left == stage.rows:  # this stage is complete: the next one is under way
+                detail = self.stages[index + 1].describe(0)
+                break
             left -= stage.rows
-        else:
-            detail = ""
         self.progress.advance(self.rows, detail)
 
 

@@ -454,15 +454,90 @@ def _wrap_trainer_info(original: Callable[..., Any]) -> Callable[..., Any]:
 
             log = read_trainer_log(os.path.join(output_path, TRAINER_LOG))
             info["loss_viewer"] = gr.Plot(mappo_plot(log))
-        from mmoa.webui.run_status import live_record, progress_label
+        from mmoa.webui.run_status import live_record, loading_label, progress_label
 
         record = live_record(output_path)
         if record is not None:
             progress = gr.Slider(label=progress_label(record),
                                  value=float(record.get("percentage") or 0.0), visible=True)
+        elif (label := loading_label(output_path)) is not None:
+            progress = gr.Slider(label=label, value=0.0, visible=True)
         return running_log, progress, info
 
     return get_trainer_info
+
+
+#: Page styles added to LlamaBoard's (``interface.CSS``). The Train tab's progress bar is a
+#: gradio slider (built non-interactive): with its number box, its knob and its 0/100 ends it
+#: looked like a field to set. It is drawn as a bar here, and nothing in it takes the pointer.
+#: (An update that passes ``interactive=False`` is no fix: gradio then re-creates the
+#: component without the ``elem_id`` given after construction.)
+PAGE_CSS = """
+#mmoa-train-progress_bar input { pointer-events: none; }
+#mmoa-train-progress_bar .tab-like-container, #mmoa-train-progress_bar .min_value,
+#mmoa-train-progress_bar .max_value { display: none; }
+#mmoa-train-progress_bar input[type=range]::-webkit-slider-thumb { opacity: 0; }
+#mmoa-train-progress_bar input[type=range]::-moz-range-thumb { opacity: 0; }
+"""
+
+
+# ------------------------------------------------------------- the top row's template
+
+#: Help under the top row's fields that LlamaBoard leaves without one (English).
+TOP_HELP = {
+    "lang": "Language of the labels and help texts of this page.",
+    "finetuning_type": "lora: train a small adapter over frozen weights (least memory; the "
+                       "run's output dir is then the adapter); full: train every weight; "
+                       "freeze: only the last layers.",
+    "checkpoint_path": "An earlier run of this model and method to continue from or to chat "
+                       "with (its adapter or checkpoint); leave empty to start from the model "
+                       "itself.",
+    "template": "How prompts are wrapped for this model's chat format: smollm2 for SmolLM2, "
+                "llama3 for Llama 3 and the tiny test model. The agents' prompts are rendered "
+                "with it; a wrong one gives garbage.",
+}
+
+#: Words of a model folder's path and the template they mean.
+_TEMPLATE_HINTS = (("smollm2", "smollm2"), ("smollm", "smollm"), ("llama-3", "llama3"),
+                   ("llama3", "llama3"), ("qwen2", "qwen"), ("qwen", "qwen"))
+
+
+def guess_template(model_path: str) -> str | None:
+    """The chat template of a local model folder, from the demo models' table and its path's
+    words; ``None`` when it cannot be told."""
+    from mmoa.webui.playground import DEMO_MODELS
+
+    path = (model_path or "").strip().rstrip("/")
+    if not path:
+        return None
+    for folder, template in DEMO_MODELS:
+        if path == folder or path.endswith("/" + folder) or path.startswith(folder + "/"):
+            return template
+    lowered = path.lower()
+    return next((template for word, template in _TEMPLATE_HINTS if word in lowered), None)
+
+
+def template_for_path(model_path: str, template: str) -> Any:
+    """The top row's Template when the model path changes: the guessed one while the field
+    still says ``default`` (a user's own choice is kept)."""
+    import gradio as gr
+
+    guessed = guess_template(model_path)
+    if guessed is None or template not in (None, "", "default"):
+        return gr.update()
+    return gr.update(value=guessed)
+
+
+def check_template(lang: str, template: str) -> None:
+    """Stands in for LlamaBoard's ``check_template``, which called any model whose template
+    is ``default`` (every *Custom* model, SmolLM2-Instruct included) "a non-instruct model"
+    and told the user to fine-tune it first."""
+    if template == "default":
+        import gradio as gr
+
+        gr.Info("Chat template is 'default' (plain turns): choose the model's own template, "
+                "e.g. smollm2 for SmolLM2 or llama3 for the tiny model; it is filled in when "
+                "the model path names one.")
 
 
 # ---------------------------------------------------------------------- 6. the Train tab
@@ -561,10 +636,21 @@ def _wrap_create_train_tab(original: Callable[[Any], dict[str, Any]]) -> Callabl
                          queue=False)
         if not is_accelerator_available():
             elems["compute_type"].value = "fp32"  # bf16 fails on CPU
+        # LlamaBoard's Save steps slider starts at 10: the CPU demo preset's 2 (a checkpoint
+        # per step of a 2-step run) made Preview and Start fail with gradio's "Value 2 is less
+        # than minimum value 10", naming no field. Every step may be saved. The constructor's
+        # arguments too: gradio rebuilds a component from them in a session's state after an
+        # update (the page's language is one), and checks inputs against that copy.
+        save_steps = elems["save_steps"]
+        save_steps.minimum, save_steps.step = 1, 1
+        save_steps.constructor_args.update(minimum=1, step=1)
         _tag_elements("train", elems)
         top = {manager.get_id_by_elem(e).split(".", 1)[1]: e for e in manager.get_elem_list()
                if manager.get_id_by_elem(e).startswith("top.")}
         _tag_elements("top", top)
+        if "model_path" in top and "template" in top:
+            top["model_path"].change(template_for_path, [top["model_path"], top["template"]],
+                                     [top["template"]], queue=False)
         return {**elems, "mappo_tab": mappo_tab, "retriever_tab": retriever_tab,
                 "preset_cpu": preset_btn, "check_server": mappo_check[0],
                 "server_info": mappo_check[2], **agent_elems, **components}
@@ -712,7 +798,14 @@ def _wrap_create_footer(original: Callable[[], dict[str, Any]]) -> Callable[[], 
         from mmoa.webui.playground import create_playground_tab
 
         with gr.Tab("RAG Playground", elem_id=f"{ELEM_ID_PREFIX}-playground-tab"):
-            create_playground_tab()
+            playground = create_playground_tab()
+        # the Playground asks the server the Train tab names (it forgot it: a user who set
+        # another URL for training found the default one here)
+        if _last_engine:
+            with contextlib.suppress(KeyError):
+                train_url = _last_engine[0].manager.get_elem_by_id("train.mappo_retriever_url")
+                train_url.change(lambda url: url, [train_url], [playground["retriever_url"]],
+                                 queue=False)
         return original()
 
     create_footer.__wrapped__ = original  # type: ignore[attr-defined]
@@ -753,7 +846,7 @@ def _save_config_modules() -> list[Any]:
 # ------------------------------------------------------------------------------- apply
 
 #: The LlamaBoard texts apply_patches rewrites (restored by remove_patches).
-_LOCALE_KEYS = ("title", "subtitle", "dataset")
+_LOCALE_KEYS = ("title", "subtitle", "dataset", *TOP_HELP)
 
 
 def _no_start_warning() -> bool:
@@ -770,6 +863,7 @@ def apply_patches() -> None:
     from llamafactory.extras.constants import TRAINING_STAGES
     from llamafactory.extras.misc import is_accelerator_available
     from llamafactory.webui import interface, runner
+    from llamafactory.webui.components import top
     from llamafactory.webui.locales import LOCALES
 
     _originals.update({
@@ -781,6 +875,7 @@ def apply_patches() -> None:
         "save_config": [module.save_config for module in _save_config_modules()],
         "stages": dict(TRAINING_STAGES), "accelerator": runner.is_accelerator_available,
         "locales": {key: json.loads(json.dumps(LOCALES[key])) for key in _LOCALE_KEYS},
+        "check_template": top.check_template, "css": interface.CSS,
     })
     # Our stages first (the dict is shared by every webui module: reordered in place).
     others = dict(TRAINING_STAGES)
@@ -793,6 +888,10 @@ def apply_patches() -> None:
         LOCALES["subtitle"][lang]["value"] = INTRO_HTML.format(cpu=cpu)
     LOCALES["dataset"]["en"]["info"] = ("MAPPO: a prompt set with gold answers, e.g. demo_mappo "
                                         "(mmoa-cli data mappo registers one)")
+    for key, text in TOP_HELP.items():
+        LOCALES[key]["en"]["info"] = text
+    top.check_template = check_template
+    interface.CSS = _originals["css"] + PAGE_CSS
     # LlamaBoard asks this only to toast "CUDA environment was not detected" on every Start;
     # the first screen says CPU once instead (CPU_NOTE).
     runner.is_accelerator_available = _no_start_warning
@@ -815,11 +914,14 @@ def remove_patches() -> None:
         return
     from llamafactory.extras.constants import TRAINING_STAGES
     from llamafactory.webui import interface, runner
+    from llamafactory.webui.components import top
     from llamafactory.webui.locales import LOCALES
 
     TRAINING_STAGES.clear()
     TRAINING_STAGES.update(_originals["stages"])
     LOCALES.update(_originals["locales"])
+    top.check_template = _originals["check_template"]
+    interface.CSS = _originals["css"]
     runner.is_accelerator_available = _originals["accelerator"]
     runner.Runner._parse_train_args = _originals["parse"]
     runner.Runner._initialize = _originals["initialize"]

@@ -307,7 +307,9 @@ def _describe(key: ModelKey) -> str:
 
 def render_subquestions(answer: PlaygroundAnswer) -> str:
     trace = answer.trace
-    if answer.mode not in ("qr_g", "qr_s_g"):
+    if not retrieves(answer.mode):  # mode g said "the question itself is searched"
+        note = "closed book: nothing is searched in this mode, the Generator answers alone"
+    elif answer.mode not in ("qr_g", "qr_s_g"):
         note = "no Query Rewriter in this mode: the question itself is searched"
     elif trace.qr_parse is not None and trace.qr_parse.empty:
         note = "the Query Rewriter wrote no usable sub-question: the question itself is searched"

@@ -11,10 +11,19 @@ so the tests check every string without a browser.
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
-from mmoa.train.progress import FAILED, FINISHED, PROGRESS_FILE, STOPPED, STOPPING, read_progress
+from mmoa.train.progress import (
+    FAILED,
+    FINISHED,
+    PROGRESS_FILE,
+    STOPPED,
+    STOPPING,
+    format_seconds,
+    read_progress,
+)
 
 #: The phases in which a stop discards the step under way (no weight has changed yet).
 DISCARDING_PHASES = (None, "rollout", "score")
@@ -31,6 +40,24 @@ def live_record(output_path: str | Path) -> dict[str, Any] | None:
     if record is None or record.get("state") in (STOPPED, FINISHED, FAILED):
         return None
     return record
+
+
+def loading_label(output_path: str | Path, now: float | None = None) -> str | None:
+    """The progress bar's label between Start and the first step: the run has written its
+    ``training_args.yaml`` (Start does) but neither ``step_progress.json`` nor a logged step
+    yet, so it is loading the model and the data. About a minute on a CPU in which the page
+    showed nothing at all; ``None`` once the run reports its own progress."""
+    folder = Path(output_path)
+    if progress_path(folder).exists() or (folder / "trainer_log.jsonl").exists():
+        return None
+    config = folder / "training_args.yaml"
+    try:
+        started = config.stat().st_mtime
+    except OSError:
+        return None
+    elapsed = (time.time() if now is None else now) - started
+    return (f"Loading the model and the data (step 1 starts after that) · "
+            f"{format_seconds(max(0.0, elapsed))} elapsed")
 
 
 def progress_label(record: dict[str, Any]) -> str:

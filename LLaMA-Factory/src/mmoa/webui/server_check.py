@@ -174,10 +174,33 @@ def find_local_index(health: dict[str, Any], roots: Sequence[Path]
     return None, None
 
 
+_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+
+
+def start_command(url: str | None) -> str:
+    """The command that starts a demo server where ``url`` points: :data:`START_COMMAND` with
+    the URL's port (and host, when it is not this machine). The line used to leave the port
+    out, so a user who asked about port 8001 was told to start a server on 8000."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit((url or "").strip())
+        port = parts.port
+    except ValueError:  # a port that is not a number
+        return START_COMMAND
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return START_COMMAND
+    port = port or (443 if parts.scheme == "https" else 80)
+    command = f"{START_COMMAND} --port {port}"
+    if parts.hostname not in _LOCAL_HOSTS:
+        command = f"{command} --host 0.0.0.0 --token-file FILE (on {parts.hostname})"
+    return command
+
+
 def refusal_line(report: ServerReport) -> str:
     """The one line that says why a run or a question cannot start and what to do."""
     return (f"No retrieval server answers at {report.url or '(no URL)'} ({report.reason}). "
-            f"Start one with: {START_COMMAND}")
+            f"Start one with: {start_command(report.url)}")
 
 
 def describe(report: ServerReport) -> str:
