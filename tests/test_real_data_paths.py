@@ -294,6 +294,9 @@ def test_evaluation_records_and_prints_the_scoring_profile(
                         lambda *_a, **_k: (torch.nn.Linear(1, 1), None))
     # evaluate() imports the pipeline when it runs (the CLI's parser must not load torch)
     monkeypatch.setattr(mmoa.agents.pipeline, "RagPipeline", _FakePipeline)
+    # no tokenizer to measure prompts with: the context check has its own tests
+    # (tests/test_context_limit.py); this one is about the scoring profile
+    monkeypatch.setattr(evaluation, "check_context", lambda *_a, **_k: None)
     data = _write_jsonl(tmp_path / "NQ-open.dev.jsonl", NQ_OPEN)
     runs = []
     for scoring in ("mmoa", "squad"):

@@ -489,6 +489,10 @@ def test_playground_shows_the_pipeline_trace(board: Board, tiny_model_dir: Path,
     record = read_jsonl(tiny_world_dir / "test.jsonl")[0]
     question = record["question"]
     trace = _reference_trace(tiny_model_dir, question, tiny_server_url, k=6)
+    # the Train tab names the server (the CPU preset of an earlier test may have reset it)
+    board.click("button[role=tab]:first-child")
+    board.open_accordion("mmoa-train-mappo_tab", "#mmoa-train-mappo_retriever_url textarea")
+    board.type("#mmoa-train-mappo_retriever_url textarea", tiny_server_url)
     board.click("#mmoa-playground-tab-button, button[role=tab]:last-child")
     _wait_for(lambda: board.find("#mmoa-pg-model_path textarea").is_displayed(), 20,
               "the playground tab")
