@@ -37,18 +37,35 @@ def add_search_budget_arguments(parser: argparse.ArgumentParser, per: str) -> No
                              "(default: budget / 3)")
 
 
-def add_toa_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``mmoa-cli data toa`` (the QA source flags are added by the caller)."""
-    parser.add_argument("--name", default="demo_toa_sft",
-                        help="dataset name to register (DPO pairs: NAME_dpo)")
+def add_sampler_arguments(parser: argparse.ArgumentParser, role: str) -> None:
+    """The live retrieval server and the local models that sample, one definition for every
+    command that searches (``data toa``, ``data qr-rewrites``); ``role`` starts the help."""
     parser.add_argument("--retriever_url", default="http://127.0.0.1:8000",
                         help="the running retrieval server (default http://127.0.0.1:8000)")
     parser.add_argument("--retriever_token", help="bearer token of the retrieval server")
     parser.add_argument(
         "--model", action="append", required=True, metavar="SPEC",
-        help="a model of the search, repeatable: name=NAME,path=DIR,template=T"
-             "[,adapter=DIR][,variant=plain|careful][,temperature=X][,top_p=Y]; specs of one "
-             "checkpoint share its weights")
+        help=f"{role}, repeatable: name=NAME,path=DIR,template=T[,adapter=DIR]"
+             "[,variant=plain|careful][,temperature=X][,top_p=Y]; specs of one checkpoint "
+             "share its weights")
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser, seed_help: str) -> None:
+    """Seed, batch size and precision of the samplers' generation (as :func:`add_sampler_
+    arguments`, one definition for both searching commands)."""
+    parser.add_argument("--seed", type=int, default=42, help=seed_help)
+    parser.add_argument("--batch_size", type=int, default=16,
+                        help="most rows of one generate call (default 16)")
+    parser.add_argument("--precision", default="auto", choices=PRECISION_CHOICES,
+                        help="of the models' generation: auto (bf16 autocast where the hardware "
+                             "has native bf16, as evaluation), bf16 or fp32")
+
+
+def add_toa_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``mmoa-cli data toa`` (the QA source flags are added by the caller)."""
+    parser.add_argument("--name", default="demo_toa_sft",
+                        help="dataset name to register (DPO pairs: NAME_dpo)")
+    add_sampler_arguments(parser, "a model of the search")
     parser.add_argument("--method", default="toa", choices=METHOD_CHOICES,
                         help="toa (default) or best_of_n at the same budget")
     parser.add_argument("--baselines", action="store_true",
@@ -62,16 +79,10 @@ def add_toa_arguments(parser: argparse.ArgumentParser) -> None:
                              "Selector's reward (default "
                              f"{TOA_SELECTOR_SUPPORT_WEIGHT}; 0: F1 only)")
     parser.add_argument("--k", type=int, default=10, help="candidates per question (default 10)")
-    parser.add_argument("--seed", type=int, default=42,
-                        help="seed of sampling, tie-breaking and candidate shuffling")
-    parser.add_argument("--batch_size", type=int, default=16,
-                        help="most rows of one generate call (default 16)")
+    add_sampling_arguments(parser, "seed of sampling, tie-breaking and candidate shuffling")
     for agent, tokens in MAX_NEW_TOKENS.items():
         parser.add_argument(f"--max_new_tokens_{agent}", type=int, default=tokens,
                             help=f"new tokens of a {agent} response (default {tokens})")
-    parser.add_argument("--precision", default="auto", choices=PRECISION_CHOICES,
-                        help="of the models' generation: auto (bf16 autocast where the hardware "
-                             "has native bf16, as evaluation), bf16 or fp32")
     parser.add_argument("--report", help="label-quality JSON (default "
                         "DATASET_DIR/NAME_label_quality.json)")
     parser.add_argument("--no_progress", action="store_true", help="no progress bars")

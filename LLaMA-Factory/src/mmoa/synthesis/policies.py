@@ -117,6 +117,13 @@ class ResponsePolicy(Protocol):
     def respond(self, requests: Sequence[PlayRequest]) -> list[str]: ...
 
 
+class SeedablePolicy(ResponsePolicy, Protocol):
+    """A sampler whose stream can be restarted at a seed: what chunked, resumable synthesis
+    needs, so a resumed run samples what an uninterrupted one samples."""
+
+    def reseed(self, seed: int) -> None: ...
+
+
 @dataclass
 class _Loaded:
     model: PreTrainedModel

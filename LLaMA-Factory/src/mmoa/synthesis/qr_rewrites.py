@@ -34,7 +34,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mmoa.agents.parsers import parse_subquestions
 from mmoa.agents.prompts import qr_prompt
@@ -42,6 +42,9 @@ from mmoa.data.records import QARecord
 from mmoa.fileio import atomic_write_json
 from mmoa.synthesis.rewards import AgentTask, QRRecallReward, Reward
 from mmoa.synthesis.search import METHODS, Method, Play, SearchConfig, SearchResult, run_search
+
+if TYPE_CHECKING:
+    from mmoa.synthesis.policies import SeedablePolicy
 
 __all__ = [
     "QuestionRewrite",
@@ -138,7 +141,7 @@ def _load_chunk(path: Path, key: str) -> list[QuestionRewrite] | None:
 
 def search_rewrites(
     records: Sequence[QARecord],
-    policy: Any,
+    policy: SeedablePolicy,
     reward: QRRecallReward,
     method: Method,
     search: SearchConfig,
@@ -168,8 +171,7 @@ def search_rewrites(
         path = folder / f"chunk-{index:04d}.json" if folder is not None else None
         cached = _load_chunk(path, key) if path is not None else None
         if cached is None:
-            if hasattr(policy, "reseed"):
-                policy.reseed(search.seed + index)
+            policy.reseed(search.seed + index)
             chunk_search = SearchConfig(**{**asdict(search), "seed": search.seed + start})
             recalls = question_recalls(part, reward)
             tasks = [AgentTask("qr", r, qr_prompt(r.question)) for r in part]

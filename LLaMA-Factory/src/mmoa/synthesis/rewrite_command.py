@@ -15,9 +15,12 @@ from pathlib import Path
 
 from mmoa.defaults import MAX_NEW_TOKENS
 from mmoa.fileio import DataFormatError, atomic_write_json
-from mmoa.precision import PRECISION_CHOICES
 from mmoa.synthesis.command import METHOD_CHOICES as METHODS  # light: no model library
-from mmoa.synthesis.command import add_search_budget_arguments
+from mmoa.synthesis.command import (
+    add_sampler_arguments,
+    add_sampling_arguments,
+    add_search_budget_arguments,
+)
 
 #: Questions searched together and kept as one resumable chunk.
 REWRITE_CHUNK_SIZE = 64
@@ -29,13 +32,7 @@ def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the rewrites file to write (JSON, Rewrite-Retrieve-Read source / "
                              "target; only the questions that got a better rewrite)")
     parser.add_argument("--report", help="the JSON report (default: OUTPUT with _report.json)")
-    parser.add_argument("--retriever_url", default="http://127.0.0.1:8000",
-                        help="the running retrieval server (default http://127.0.0.1:8000)")
-    parser.add_argument("--retriever_token", help="bearer token of the retrieval server")
-    parser.add_argument(
-        "--model", action="append", required=True, metavar="SPEC",
-        help="a sampler, repeatable: name=NAME,path=DIR,template=T[,adapter=DIR]"
-             "[,variant=plain|careful][,temperature=X][,top_p=Y]")
+    add_sampler_arguments(parser, "a sampler")
     parser.add_argument("--method", default="toa", choices=METHODS,
                         help="the search whose labels are written (default toa)")
     parser.add_argument("--compare", action="store_true",
@@ -44,13 +41,9 @@ def add_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=5,
                         help="candidates the sub-questions are merged into and scored over "
                              "(the pipeline's K; default 5)")
-    parser.add_argument("--seed", type=int, default=42, help="seed of sampling and tie-breaking")
-    parser.add_argument("--batch_size", type=int, default=16,
-                        help="most rows of one generate call (default 16)")
+    add_sampling_arguments(parser, "seed of sampling and tie-breaking")
     parser.add_argument("--max_new_tokens_qr", type=int, default=MAX_NEW_TOKENS["qr"],
                         help=f"new tokens of a rewrite (default {MAX_NEW_TOKENS['qr']})")
-    parser.add_argument("--precision", default="auto", choices=PRECISION_CHOICES,
-                        help="of generation: auto (bf16 where the hardware has it), bf16, fp32")
     parser.add_argument("--chunk_size", type=int, default=REWRITE_CHUNK_SIZE,
                         help="questions searched together and kept as one resumable chunk "
                              f"(default {REWRITE_CHUNK_SIZE})")
