@@ -284,20 +284,21 @@ def carried_runs(previous: dict[str, Any] | None,
 
 
 def mappo_run(args: argparse.Namespace, work: Path, name: str, seed: int, agents: str,
-              sft_model: str) -> dict[str, Any]:
+              sft_model: str, keep_checkpoints: bool = False) -> dict[str, Any]:
     """One MAPPO / GRPO run from ``sft_model`` and its test figures, kept in
     ``<work>/<name>/result.json``; resumed from its last checkpoint when an earlier attempt
-    was cut, its seconds summed over the attempts."""
+    was cut, its seconds summed over the attempts. Its ``checkpoint-N`` folders are deleted
+    once it has trained, unless ``keep_checkpoints`` (for ``bench/dev_curve.py``)."""
     run_dir = work / name
     if (done := _done(run_dir)) is not None:
         return done
     with AttemptClock(run_dir) as clock:
-        record = _mappo_record(args, run_dir, name, seed, agents, sft_model)
+        record = _mappo_record(args, run_dir, name, seed, agents, sft_model, keep_checkpoints)
     return _finish(run_dir, record, clock)
 
 
 def _mappo_record(args: argparse.Namespace, run_dir: Path, name: str, seed: int, agents: str,
-                  sft_model: str) -> dict[str, Any]:
+                  sft_model: str, keep_checkpoints: bool) -> dict[str, Any]:
     mappo_config = rl_config(args)
     output = run_dir / "mappo"
     overrides = [f"model_name_or_path={sft_model}", f"seed={seed}", f"output_dir={output}",
@@ -315,8 +316,8 @@ def _mappo_record(args: argparse.Namespace, run_dir: Path, name: str, seed: int,
             overrides += [f"resume_from_checkpoint={checkpoint}", "overwrite_output_dir=false"]
         train(mappo_config, overrides, run_dir / "train.log")
         trained.touch()
-        for checkpoint in output.glob("checkpoint-*"):  # the final model is in output itself
-            shutil.rmtree(checkpoint)
+        for checkpoint in [] if keep_checkpoints else output.glob("checkpoint-*"):
+            shutil.rmtree(checkpoint)  # the final model is in output itself
     metrics = evaluate(output, args, run_dir / "eval", base=sft_model)
     return {"seed": seed, "agents": agents, "algorithm": args.algorithm, "model": str(output),
             "code_version": code.read_text().strip(),

@@ -434,7 +434,8 @@ class SideBySide:
                               mappo_overrides=[f"dataset={DATASETS['mappo']}",
                                                *self.training(name)])
         done = learning_signal.mappo_run(ns, self.work, self.folder(name).name, self.args.seed,
-                                         ",".join(learning_signal.AGENTS), warm)
+                                         ",".join(learning_signal.AGENTS), warm,
+                                         keep_checkpoints=self.args.keep_checkpoints)
         return {"model": done["model"], "eval_dir": done["test"]["eval_dir"],
                 "seconds": done["seconds"]}
 
@@ -855,6 +856,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-eval", dest="max_eval", type=int,
                         help="evaluate on the first N questions of the split only")
     parser.add_argument("--seed", type=int, default=1, help="the seed of the RL rows")
+    parser.add_argument("--keep-checkpoints", dest="keep_checkpoints", action="store_true",
+                        help="keep the MAPPO / GRPO rows' checkpoint-N folders after training, "
+                             "for their dev curve (bench/dev_curve.py; they are deleted by "
+                             "default)")
     add_precision_option(parser, default="auto")
     parser.add_argument("--work-dir", dest="work_dir",
                         help="default saves/bench/side_by_side/<world or files>-<model>")
