@@ -66,13 +66,14 @@ import string
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 __all__ = [
     "DEFAULT_PROFILE",
     "NORMALIZERS",
     "SCORING_PROFILES",
     "QAScores",
+    "ScoringOptions",
     "ScoringProfile",
     "accuracy",
     "contains_answer_words",
@@ -342,6 +343,20 @@ def _as_gold_list(golds: str | Sequence[str]) -> list[str]:
     return gold_list
 
 
+class ScoringOptions(TypedDict, total=False):
+    """The keyword options of :func:`score_answer`, which the one-number metrics pass through.
+
+    Typed once here so :func:`accuracy`, :func:`exact_match`, :func:`f1_score` and
+    :func:`mean_scores` do not each repeat (and risk drifting from) ``score_answer``'s signature;
+    the defaults live on ``score_answer`` alone.
+    """
+
+    profile: str | ScoringProfile
+    normalizer: str | None
+    extract: bool | None
+    yes_no_rule: bool | None
+
+
 def score_answer(
     prediction: str,
     golds: str | Sequence[str],
@@ -387,66 +402,42 @@ def score_answer(
 def accuracy(
     prediction: str,
     golds: str | Sequence[str],
-    *,
-    profile: str | ScoringProfile = DEFAULT_PROFILE,
-    normalizer: str | None = None,
-    extract: bool | None = None,
-    yes_no_rule: bool | None = None,
+    **options: Unpack[ScoringOptions],
 ) -> float:
     """Acc of one prediction (max over aliases); options as in :func:`score_answer`."""
-    return score_answer(
-        prediction, golds, profile=profile, normalizer=normalizer, extract=extract,
-        yes_no_rule=yes_no_rule,
-    ).acc
+    return score_answer(prediction, golds, **options).acc
 
 
 def exact_match(
     prediction: str,
     golds: str | Sequence[str],
-    *,
-    profile: str | ScoringProfile = DEFAULT_PROFILE,
-    normalizer: str | None = None,
-    extract: bool | None = None,
-    yes_no_rule: bool | None = None,
+    **options: Unpack[ScoringOptions],
 ) -> float:
     """EM of one prediction (max over aliases); options as in :func:`score_answer`."""
-    return score_answer(
-        prediction, golds, profile=profile, normalizer=normalizer, extract=extract,
-        yes_no_rule=yes_no_rule,
-    ).em
+    return score_answer(prediction, golds, **options).em
 
 
 def f1_score(
     prediction: str,
     golds: str | Sequence[str],
-    *,
-    profile: str | ScoringProfile = DEFAULT_PROFILE,
-    normalizer: str | None = None,
-    extract: bool | None = None,
-    yes_no_rule: bool | None = None,
+    **options: Unpack[ScoringOptions],
 ) -> float:
     """Token F1 of one prediction (max over aliases); options as in :func:`score_answer`.
 
     This is the shared MAPPO reward.
     """
-    return score_answer(
-        prediction, golds, profile=profile, normalizer=normalizer, extract=extract,
-        yes_no_rule=yes_no_rule,
-    ).f1
+    return score_answer(prediction, golds, **options).f1
 
 
 def mean_scores(
     predictions: Sequence[str],
     golds: Sequence[str | Sequence[str]],
-    *,
-    profile: str | ScoringProfile = DEFAULT_PROFILE,
-    normalizer: str | None = None,
-    extract: bool | None = None,
-    yes_no_rule: bool | None = None,
+    **options: Unpack[ScoringOptions],
 ) -> QAScores:
     """Mean Acc / EM / F1 / precision / recall over a batch, as fractions; ``count`` = batch size.
 
-    ``golds[i]`` is the gold string or alias list of ``predictions[i]``.
+    ``golds[i]`` is the gold string or alias list of ``predictions[i]``; options as in
+    :func:`score_answer`.
     """
     if len(predictions) != len(golds):
         raise ValueError(
@@ -454,11 +445,7 @@ def mean_scores(
         )
     if not predictions:
         raise ValueError("cannot average the scores of an empty batch")
-    scores = [
-        score_answer(p, g, profile=profile, normalizer=normalizer, extract=extract,
-                     yes_no_rule=yes_no_rule)
-        for p, g in zip(predictions, golds, strict=True)
-    ]
+    scores = [score_answer(p, g, **options) for p, g in zip(predictions, golds, strict=True)]
     n = len(scores)
     return QAScores(
         acc=sum(s.acc for s in scores) / n,
