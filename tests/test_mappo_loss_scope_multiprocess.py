@@ -7,48 +7,25 @@ the gradient of the token mean over all four samples: the step equals one proces
 the four samples in one micro-batch. Under ``micro_batch`` each process takes its own mean and
 DDP averages the two means, which weighs a token of rank 0 7/3 times one of rank 1.
 
-One pair of workers runs both scopes (as tests/test_mappo_multiprocess.py); a worker that
-hangs is caught by the process group's timeout and by the join's deadline.
+One pair of workers runs both scopes (``tests/two_processes.py``, as for
+tests/test_mappo_multiprocess.py); a worker that hangs fails the test instead of blocking it.
 """
 
 from __future__ import annotations
 
-import datetime
-import os
-import socket
-import time
-import traceback
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from mmoa.train.mappo.learner import PolicyWithValue, PPOConfig, PPOLearner
 from mmoa.train.mappo.samples import Sample
+from tests.two_processes import EOS, all_reduce_sum, run_on_two_processes
+from tests.two_processes import ddp_tiny_policy as _tiny_policy
 
-WORLD = 2
-COLLECTIVE_TIMEOUT_S = 60
-VOCAB, EOS = 16, 1
 SCOPES = ("batch", "micro_batch")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _tiny_policy() -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)  # the same initial weights on both processes, as DDP requires
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=32, eos_token_id=EOS, pad_token_id=0)
-    return LlamaForCausalLM(config)
 
 
 def _samples(rank: int) -> list[Sample]:
@@ -74,55 +51,21 @@ def _step(model: torch.nn.Module, policy: PolicyWithValue, samples: list[Sample]
     return {k: v.detach().clone() for k, v in policy.state_dict().items()}
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
+def _ddp_step(scope: str, rank: int) -> dict[str, torch.Tensor]:
+    """One process's DDP step on its own two samples under ``scope``."""
     from torch.nn.parallel import DistributedDataParallel
 
-    try:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=WORLD,
-                                timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-
-        def all_reduce(tensor: torch.Tensor) -> torch.Tensor:
-            tensor = tensor.clone()
-            dist.all_reduce(tensor)
-            return tensor
-
-        for scope in SCOPES:
-            policy = PolicyWithValue(_tiny_policy(), None)
-            model = DistributedDataParallel(policy)
-            state = _step(model, policy, _samples(rank), scope, unwrap=lambda m: m.module,
-                          all_reduce=all_reduce, no_sync=lambda m: m.no_sync())
-            torch.save(state, Path(out_dir) / f"{scope}.rank{rank}.pt")
-            dist.barrier()
-        dist.destroy_process_group()
-    except Exception:  # the parent reads the traceback from the file
-        (Path(out_dir) / f"rank{rank}.error").write_text(traceback.format_exc())
-        raise
+    policy = PolicyWithValue(_tiny_policy(), None)
+    model = DistributedDataParallel(policy)
+    return _step(model, policy, _samples(rank), scope, unwrap=lambda m: m.module,
+                 all_reduce=all_reduce_sum, no_sync=lambda m: m.no_sync())
 
 
 @pytest.fixture(scope="module")
 def states(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     """Each scope's weights after the step, on each rank: ``{scope: [rank 0, rank 1]}``."""
-    out = tmp_path_factory.mktemp("loss_scope_two_processes")
-    context = mp.start_processes(_worker, args=(_free_port(), str(out)), nprocs=WORLD,
-                                 join=False, start_method="spawn")
-    deadline = COLLECTIVE_TIMEOUT_S * 4
-    start = time.monotonic()
-    try:
-        while not context.join(timeout=5):
-            if time.monotonic() - start > deadline:
-                raise AssertionError(f"the two processes did not finish in {deadline} s "
-                                     "(a collective is waiting)")
-    except mp.ProcessRaisedException as err:
-        errors = [p.read_text() for p in sorted(out.glob("rank*.error"))]
-        raise AssertionError("\n".join(errors) or str(err)) from err
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-    return {scope: [torch.load(out / f"{scope}.rank{rank}.pt", weights_only=False)
-                    for rank in range(WORLD)] for scope in SCOPES}
+    out: Path = tmp_path_factory.mktemp("loss_scope_two_processes")
+    return run_on_two_processes({scope: partial(_ddp_step, scope) for scope in SCOPES}, out)
 
 
 def _one_process(scope: str) -> dict[str, torch.Tensor]:

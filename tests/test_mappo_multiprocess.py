@@ -5,71 +5,24 @@ backward alone leaves the other waiting in the gradient all-reduce, or pairs its
 with the wrong micro-batches), and the adaptive KL controller must see the KL of all processes'
 samples, so that beta is one value that one checkpoint can hold.
 
-One pair of workers of this module runs every scenario (spawning costs more than the
-scenarios); a worker that hangs is caught by the process group's timeout and by the join's
-deadline, so a regression fails instead of blocking the suite.
+One pair of workers of this module runs every scenario (``tests/two_processes.py``: spawning
+costs more than the scenarios); a worker that hangs fails the test instead of blocking the
+suite.
 """
 
 from __future__ import annotations
 
-import datetime
-import os
-import socket
-import traceback
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from mmoa.train.mappo.learner import PolicyWithValue, PPOConfig, PPOLearner, Rollout
 from mmoa.train.mappo.ppo_math import AdaptiveKLController
 from mmoa.train.mappo.samples import Sample, collate
 from mmoa.train.mappo.value_head import ValueHead
-
-WORLD = 2
-#: Seconds a collective may wait before gloo gives up (a hang becomes an error).
-COLLECTIVE_TIMEOUT_S = 60
-VOCAB, EOS = 16, 1
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _tiny_policy() -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)  # the same initial weights on both processes, as DDP requires
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=32, eos_token_id=EOS, pad_token_id=0)
-    return LlamaForCausalLM(config)
-
-
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    try:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=WORLD,
-                                timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-        for name, scenario in SCENARIOS.items():
-            torch.save(scenario(rank), Path(out_dir) / f"{name}.rank{rank}.pt")
-            dist.barrier()
-        dist.destroy_process_group()
-    except Exception:  # the parent reads the traceback from the file
-        (Path(out_dir) / f"rank{rank}.error").write_text(traceback.format_exc())
-        raise
-
-
-def _all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    tensor = tensor.clone()
-    dist.all_reduce(tensor)
-    return tensor
+from tests.two_processes import EOS, VOCAB, all_reduce_sum, run_on_two_processes
+from tests.two_processes import ddp_tiny_policy as _tiny_policy
 
 
 def _ddp_learner(rank: int, **config: Any) -> tuple[PPOLearner, torch.nn.Module]:
@@ -84,7 +37,7 @@ def _ddp_learner(rank: int, **config: Any) -> tuple[PPOLearner, torch.nn.Module]
     learner = PPOLearner(
         model, optimizer, PPOConfig(**config), pad_id=0,
         unwrap=lambda m: m.module, generator=torch.Generator().manual_seed(3),
-        all_reduce=_all_reduce_sum, no_sync=lambda m: m.no_sync())
+        all_reduce=all_reduce_sum, no_sync=lambda m: m.no_sync())
     return learner, policy
 
 
@@ -139,27 +92,7 @@ SCENARIOS = {"nan": _nan_on_one_process, "kl": _kl_of_all_processes}
 @pytest.fixture(scope="module")
 def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     """Every scenario's result on each rank: ``{name: [rank 0, rank 1]}``."""
-    import time
-
-    out = tmp_path_factory.mktemp("two_processes")
-    context = mp.start_processes(_worker, args=(_free_port(), str(out)), nprocs=WORLD,
-                                 join=False, start_method="spawn")
-    deadline = COLLECTIVE_TIMEOUT_S * 4
-    start = time.monotonic()
-    try:
-        while not context.join(timeout=5):
-            if time.monotonic() - start > deadline:
-                raise AssertionError(f"the two processes did not finish in {deadline} s "
-                                     "(a collective is waiting)")
-    except mp.ProcessRaisedException as err:
-        errors = [p.read_text() for p in sorted(out.glob("rank*.error"))]
-        raise AssertionError("\n".join(errors) or str(err)) from err
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-    return {name: [torch.load(out / f"{name}.rank{rank}.pt", weights_only=False)
-                   for rank in range(WORLD)] for name in SCENARIOS}
+    return run_on_two_processes(SCENARIOS, tmp_path_factory.mktemp("two_processes"))
 
 
 @pytest.mark.timeout(400)
