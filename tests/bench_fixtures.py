@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -15,6 +16,22 @@ SIDE_BY_SIDE_TINY_OVERRIDES = [
     "mappo.ppo_epochs=1", "mappo.mappo_questions_per_rollout=2",
     "mappo.mappo_rollout_batch_size=2", "mappo.per_device_train_batch_size=2",
     "mappo.save_steps=1"]
+
+
+def write_hotpotqa_slice(source: Path, prefix: str, sizes: dict[str, int],
+                         out: Path) -> dict[str, Path]:
+    """The first ``sizes[split]`` records of each split's ``{prefix}_{split}.json`` in
+    ``source`` (an official HotpotQA folder: one JSON list a split), written to ``out`` in the
+    same layout: the real-data tests' slice, under pytest's tmp_path, so that nothing of the data
+    is copied into the repository. Returns ``{split: path}``."""
+    out.mkdir(parents=True)
+    paths = {}
+    for split, n in sizes.items():
+        name = f"{prefix}_{split}.json"
+        records = json.loads((source / name).read_text(encoding="utf-8"))[:n]
+        (out / name).write_text(json.dumps(records, ensure_ascii=False), encoding="utf-8")
+        paths[split] = out / name
+    return paths
 
 
 class HandClock:

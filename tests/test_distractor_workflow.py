@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_fixtures import SIDE_BY_SIDE_TINY_OVERRIDES
+from tests.bench_fixtures import SIDE_BY_SIDE_TINY_OVERRIDES, write_hotpotqa_slice
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "hotpotqa_distractor_1k"
@@ -29,17 +29,6 @@ pytestmark = pytest.mark.skipif(
     not (DATA / "hotpot_distractor_train.json").is_file(),
     reason=f"the HotpotQA distractor files are absent ({DATA}); this test needs the shared "
            "data folder")
-
-
-def _slice(folder: Path) -> dict[str, Path]:
-    folder.mkdir(parents=True)
-    out = {}
-    for split, n in SLICE.items():
-        name = f"hotpot_distractor_{split}.json"
-        records = json.loads((DATA / name).read_text(encoding="utf-8"))[:n]
-        (folder / name).write_text(json.dumps(records, ensure_ascii=False), encoding="utf-8")
-        out[split] = folder / name
-    return out
 
 
 def test_the_distractor_world_is_a_named_world() -> None:
@@ -67,7 +56,7 @@ def test_distractor_chain_on_a_slice(tmp_path: Path, tiny_model_dir: Path,
     from mmoa.retrieval.builder import BuildConfig, build_index
     from tests.retrieval_fixtures import running_server
 
-    files = _slice(tmp_path / "hotpotqa")
+    files = write_hotpotqa_slice(DATA, "hotpot_distractor", SLICE, tmp_path / "hotpotqa")
     corpus, index = tmp_path / "corpus.jsonl", tmp_path / "index"
     report = build_context_corpus(list(files.values()), corpus)
     assert report.gold_all == sum(SLICE.values())  # every gold paragraph present

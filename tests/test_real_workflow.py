@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from mmoa.fileio import read_jsonl
+from tests.bench_fixtures import write_hotpotqa_slice
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "hotpotqa_fullwiki_486"
@@ -50,25 +51,14 @@ def _run(stage: str, args: list[str], env: dict[str, str], timings: dict[str, fl
     return result.stdout
 
 
-def _slice(tmp_path: Path) -> tuple[Path, Path]:
-    """The first records of the train and test files, in the official layout (JSON lists)."""
-    out = tmp_path / "hotpotqa"
-    out.mkdir()
-    paths = []
-    for split, n in (("train", N_TRAIN), ("test", N_TEST)):
-        name = f"hotpot_fullwiki_{split}.json"
-        records = json.loads((DATA / name).read_text(encoding="utf-8"))[:n]
-        (out / name).write_text(json.dumps(records, ensure_ascii=False), encoding="utf-8")
-        paths.append(out / name)
-    return paths[0], paths[1]
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_real_workflow_runs_on_hotpotqa_files(tmp_path: Path, tiny_model_dir: Path) -> None:
     from tests.retrieval_fixtures import running_server
 
-    train, test = _slice(tmp_path)
+    files = write_hotpotqa_slice(DATA, "hotpot_fullwiki", {"train": N_TRAIN, "test": N_TEST},
+                                 tmp_path / "hotpotqa")
+    train, test = files["train"], files["test"]
     data, saves = tmp_path / "data", tmp_path / "saves"
     corpus, index = tmp_path / "corpus.jsonl", tmp_path / "index"
     env = {**os.environ,

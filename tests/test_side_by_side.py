@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.bench_fixtures import SIDE_BY_SIDE_TINY_OVERRIDES
+from tests.bench_fixtures import SIDE_BY_SIDE_TINY_OVERRIDES, write_hotpotqa_slice
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "hotpotqa_fullwiki_486"
@@ -199,18 +199,6 @@ pytest_real = pytest.mark.skipif(
 )
 
 
-def _slice(out: Path) -> dict[str, Path]:
-    """The first records of each split, in the official layout (JSON lists)."""
-    out.mkdir()
-    paths = {}
-    for split, n in SLICE.items():
-        name = f"hotpot_fullwiki_{split}.json"
-        records = json.loads((DATA / name).read_text(encoding="utf-8"))[:n]
-        (out / name).write_text(json.dumps(records, ensure_ascii=False), encoding="utf-8")
-        paths[split] = out / name
-    return paths
-
-
 @pytest_real
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # about 2 min of CPU; 2 shared cores stretch the wall time
@@ -221,7 +209,7 @@ def test_side_by_side_on_a_real_slice(sbs, tmp_path: Path, tiny_model_dir: Path,
     from mmoa.retrieval.builder import BuildConfig, build_index
     from tests.retrieval_fixtures import running_server
 
-    files = _slice(tmp_path / "hotpotqa")
+    files = write_hotpotqa_slice(DATA, "hotpot_fullwiki", SLICE, tmp_path / "hotpotqa")
     corpus, index = tmp_path / "corpus.jsonl", tmp_path / "index"
     build_context_corpus(list(files.values()), corpus)
     build_index(BuildConfig(corpus=str(corpus), output=str(index), progress=False))
