@@ -31,9 +31,15 @@ from typing import TYPE_CHECKING, Any
 from mmoa.agents.decision_tags import DecisionStop
 from mmoa.data.records import QARecord
 from mmoa.metrics import DEFAULT_PROFILE, score_answer
-from mmoa.pipelines.base import Batch, Evaluator, Timings, register_pipeline
+from mmoa.pipelines.base import Evaluator, register_pipeline
 from mmoa.pipelines.scoring import rouge_l
-from mmoa.pipelines.search_agent import multiturn_evaluator, trajectory_samples, turn_stages
+from mmoa.pipelines.search_agent import (
+    MultiTurnSpec,
+    multiturn_evaluator,
+    rollout_settings,
+    trajectory_samples,
+    turn_stages,
+)
 
 if TYPE_CHECKING:
     from mmoa.agents.decision_agent import DecisionAgentPipeline
@@ -55,14 +61,11 @@ def decision_pipeline(policy: Any, tokenizer: Any, renderer: PromptRenderer,
                       ) -> DecisionAgentPipeline:
     """The sampling pipeline of a rollout, configured by the ``mappo_decision_*`` keys."""
     from mmoa.agents.decision_agent import DecisionAgentPipeline
-    from mmoa.agents.pipeline import GenerationSettings
 
-    settings = GenerationSettings(do_sample=True, temperature=args.mappo_temperature,
-                                  top_p=args.mappo_top_p, cache=args.mappo_generation_cache)
     return DecisionAgentPipeline(
         policy, tokenizer, renderer, retriever, max_searches=args.mappo_decision_max_searches,
         top_k=args.mappo_decision_top_k, max_new_tokens=args.mappo_max_new_tokens_decision,
-        settings=settings, batch_size=args.mappo_rollout_batch_size)
+        settings=rollout_settings(args), batch_size=args.mappo_rollout_batch_size)
 
 
 def trajectory_reward(trajectory: SearchTrajectory, golds: Sequence[str],
@@ -116,22 +119,14 @@ def score_decision_trajectory(record: QARecord, trajectory: Any,
 
 
 @register_pipeline("decision_agent")
-class DecisionAgentSpec:
+class DecisionAgentSpec(MultiTurnSpec):
     """One policy that answers, or searches first at a cost per search."""
 
     name = "decision_agent"
     eval_modes: tuple[str, ...] = ("decision_agent",)
     retrieval_k_key = "mappo_decision_top_k"
-    agent_plot = False
-    counterfactual_agents: tuple[str, ...] = ()  # one agent: no default to compare
-
-    def rollout(self, policy: Any, tokenizer: Any, renderer: PromptRenderer,
-                retriever: DocumentRetriever, args: MappoArguments,
-                questions: Sequence[str]) -> Batch:
-        # one retrieval call per decision round for every trajectory that searched
-        decider = decision_pipeline(policy, tokenizer, renderer, retriever, args)
-        trajectories = decider.run(list(questions), group_size=args.rollouts_per_question)
-        return Batch(trajectories, Timings(dict(decider.last_timings)))
+    # one retrieval call per decision round for every trajectory that searched
+    sampling_pipeline = staticmethod(decision_pipeline)
 
     def rollout_stages(self, args: MappoArguments, questions: int) -> tuple[RolloutStage, ...]:
         # training samples the decision (policy "model"): rounds 0 .. max_searches

@@ -50,16 +50,23 @@ SEARCH_AGENT = "search"
 def search_pipeline(policy: Any, tokenizer: Any, renderer: PromptRenderer,
                     retriever: DocumentRetriever, args: MappoArguments) -> SearchAgentPipeline:
     """The sampling pipeline of a rollout, configured by the ``mappo_search_*`` keys."""
-    from mmoa.agents.pipeline import GenerationSettings
     from mmoa.agents.search_agent import SearchAgentPipeline
 
-    settings = GenerationSettings(do_sample=True, temperature=args.mappo_temperature,
-                                  top_p=args.mappo_top_p, cache=args.mappo_generation_cache)
     return SearchAgentPipeline(
         policy, tokenizer, renderer, retriever, max_turns=args.mappo_search_max_turns,
         max_queries=args.mappo_search_max_queries, top_k=args.mappo_search_top_k,
-        max_new_tokens=args.mappo_max_new_tokens_search, settings=settings,
+        max_new_tokens=args.mappo_max_new_tokens_search, settings=rollout_settings(args),
         batch_size=args.mappo_rollout_batch_size)
+
+
+def rollout_settings(args: MappoArguments) -> GenerationSettings:
+    """How a multi-turn agent (search or decision) samples its rollouts: one definition, so
+    both agents read ``mappo_temperature``, ``mappo_top_p`` and ``mappo_generation_cache`` alike
+    (the three-agent pipeline has per-agent temperatures and builds its own)."""
+    from mmoa.agents.pipeline import GenerationSettings
+
+    return GenerationSettings(do_sample=True, temperature=args.mappo_temperature,
+                              top_p=args.mappo_top_p, cache=args.mappo_generation_cache)
 
 
 def trajectory_score(trajectory: SearchTrajectory, golds: Sequence[str],
@@ -175,6 +182,14 @@ def score_search_trajectory(record: QARecord, trajectory: Any,
     return row
 
 
+def multiturn_rollout(pipeline: SearchAgentPipeline, questions: Sequence[str],
+                      args: MappoArguments) -> Batch:
+    """A multi-turn agent's rollout of a step: ``rollouts_per_question`` trajectories per
+    question, with the pipeline's timings. Shared by the search and the decision agent."""
+    trajectories = pipeline.run(list(questions), group_size=args.rollouts_per_question)
+    return Batch(trajectories, Timings(dict(pipeline.last_timings)))
+
+
 def multiturn_evaluator(pipeline: SearchAgentPipeline) -> Evaluator:
     """Runs a multi-turn agent (search or decision) over a batch, with its timings."""
     def run(questions: Sequence[str]) -> Batch:
@@ -195,24 +210,33 @@ def turn_stages(agent: str, questions: int, args: MappoArguments,
                          "generation", exact=False),)
 
 
+class MultiTurnSpec:
+    """What the one-agent multi-turn pipelines (search and decision agent) share: no per-agent
+    plot, no counterfactual default, and a rollout that runs ``sampling_pipeline`` (their
+    ``*_pipeline`` builder) for ``rollouts_per_question`` trajectories per question."""
+
+    agent_plot = False
+    counterfactual_agents: tuple[str, ...] = ()  # one agent: no default to compare
+    sampling_pipeline: Callable[[Any, Any, PromptRenderer, DocumentRetriever, MappoArguments],
+                                SearchAgentPipeline]
+
+    def rollout(self, policy: Any, tokenizer: Any, renderer: PromptRenderer,
+                retriever: DocumentRetriever, args: MappoArguments,
+                questions: Sequence[str]) -> Batch:
+        pipeline = self.sampling_pipeline(policy, tokenizer, renderer, retriever, args)
+        return multiturn_rollout(pipeline, questions, args)
+
+
 @register_pipeline("search_agent")
-class SearchAgentSpec:
+class SearchAgentSpec(MultiTurnSpec):
     """One policy that searches with up to ``mappo_search_max_queries`` queries per turn."""
 
     name = "search_agent"
     eval_modes: tuple[str, ...] = ("search_agent",)
     retrieval_k_key = "mappo_search_top_k"
-    agent_plot = False
-    counterfactual_agents: tuple[str, ...] = ()  # one agent: no default to compare
-
-    def rollout(self, policy: Any, tokenizer: Any, renderer: PromptRenderer,
-                retriever: DocumentRetriever, args: MappoArguments,
-                questions: Sequence[str]) -> Batch:
-        # one growing response per trajectory; one retrieval call per search round for
-        # every query of the step's trajectories
-        searcher = search_pipeline(policy, tokenizer, renderer, retriever, args)
-        trajectories = searcher.run(list(questions), group_size=args.rollouts_per_question)
-        return Batch(trajectories, Timings(dict(searcher.last_timings)))
+    # one growing response per trajectory; one retrieval call per search round for every query
+    # of the step's trajectories
+    sampling_pipeline = staticmethod(search_pipeline)
 
     def rollout_stages(self, args: MappoArguments, questions: int) -> tuple[RolloutStage, ...]:
         # rounds 0 .. max_turns: the last one forces an answer
