@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from mmoa.agents.decision_tags import (
     SEARCH_TAG,
@@ -36,7 +36,9 @@ from mmoa.agents.decision_tags import (
 )
 from mmoa.data.records import QARecord
 from mmoa.data.search_agent_sft import (
+    TrajectorySFTReport,
     _Passage,
+    count_line,
     plan_searches,
     retrieve_plans,
     segment_conversations,
@@ -66,28 +68,12 @@ class DecisionSFTConfig:
 
 
 @dataclass
-class DecisionSFTReport:
-    questions: int = 0
-    trajectories: int = 0
-    samples: int = 0
+class DecisionSFTReport(TrajectorySFTReport):
     groups: Counter[str] = field(default_factory=Counter)
-    skipped: Counter[str] = field(default_factory=Counter)
-    kinds: Counter[str] = field(default_factory=Counter)
-    output_file: str = ""
+    title: ClassVar[str] = "decision-agent"
 
-    def lines(self) -> list[str]:
-        out = [f"decision-agent SFT data: {self.questions} questions -> {self.trajectories} "
-               f"trajectories -> {self.samples} samples",
-               "  questions by group: " + ", ".join(f"{k} {n}" for k, n in
-                                                    sorted(self.groups.items())),
-               "  samples by kind: " + ", ".join(f"{k} {n}" for k, n in
-                                                 sorted(self.kinds.items()))]
-        if self.skipped:
-            out.append("  skipped: " + ", ".join(f"{k} {n}" for k, n in
-                                                 sorted(self.skipped.items())))
-        if self.output_file:
-            out.append(f"  written to {self.output_file}")
-        return out
+    def detail_lines(self) -> list[str]:
+        return [count_line("questions by group", self.groups), *super().detail_lines()]
 
 
 def decision_queries(record: QARecord) -> list[str]:

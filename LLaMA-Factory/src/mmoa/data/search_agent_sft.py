@@ -48,7 +48,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from mmoa.agents.search_tags import format_information, format_turn, search_prompt
 from mmoa.data.records import QARecord
@@ -86,28 +86,48 @@ class SearchSFTConfig:
                              f"{self.query_mode!r}")
 
 
+def count_line(label: str, counts: Counter[Any], sep: str = " ") -> str:
+    """``"  label: k1 n1, k2 n2"``: a report line of counts, sorted by key."""
+    return f"  {label}: " + ", ".join(f"{k}{sep}{n}" for k, n in sorted(counts.items()))
+
+
 @dataclass
-class SearchSFTReport:
+class TrajectorySFTReport:
+    """The funnel a multi-turn agent's SFT builder reports (questions -> trajectories ->
+    samples, what was skipped, where it was written): one definition for the search agent's
+    and the decision agent's reports, which add their own counts in :meth:`detail_lines`."""
+
     questions: int = 0
     trajectories: int = 0
     samples: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
     kinds: Counter[str] = field(default_factory=Counter)
-    searches_per_trajectory: Counter[int] = field(default_factory=Counter)
     output_file: str = ""
+    #: the report's first word (``"search-agent"``)
+    title: ClassVar[str] = ""
+
+    def detail_lines(self) -> list[str]:
+        """The lines between the funnel and the skipped records."""
+        return [count_line("samples by kind", self.kinds)]
 
     def lines(self) -> list[str]:
-        out = [f"search-agent SFT data: {self.questions} questions -> {self.trajectories} "
-               f"trajectories -> {self.samples} samples",
-               "  samples by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(self.kinds.items())),
-               "  search turns per trajectory: " + ", ".join(
-                   f"{k}: {n}" for k, n in sorted(self.searches_per_trajectory.items()))]
+        out = [f"{self.title} SFT data: {self.questions} questions -> {self.trajectories} "
+               f"trajectories -> {self.samples} samples", *self.detail_lines()]
         if self.skipped:
-            out.append("  skipped: " + ", ".join(f"{k} {n}" for k, n in
-                                                 sorted(self.skipped.items())))
+            out.append(count_line("skipped", self.skipped))
         if self.output_file:
             out.append(f"  written to {self.output_file}")
         return out
+
+
+@dataclass
+class SearchSFTReport(TrajectorySFTReport):
+    searches_per_trajectory: Counter[int] = field(default_factory=Counter)
+    title: ClassVar[str] = "search-agent"
+
+    def detail_lines(self) -> list[str]:
+        return [count_line("samples by kind", self.kinds),
+                count_line("search turns per trajectory", self.searches_per_trajectory, ": ")]
 
 
 def plan_searches(record: QARecord, max_queries: int = SEARCH_MAX_QUERIES,
