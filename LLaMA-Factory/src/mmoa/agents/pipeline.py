@@ -185,7 +185,27 @@ class BatchTimings:
                 "generator": self.generator}
 
 
-class RagPipeline:
+class ModelPipeline:
+    """What every batched agent pipeline holds (the three-agent RAG pipeline and the multi-turn
+    agents): one model, its tokenizer, the prompt renderer of the template, a retriever, the
+    generation settings and the ``generate`` batch size, checked and bound in one place."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 template: str | PromptRenderer, retriever: DocumentRetriever | None,
+                 settings: GenerationSettings | None, batch_size: int | None) -> None:
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1 (or None), got {batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.renderer = template if isinstance(template, PromptRenderer) \
+            else PromptRenderer(tokenizer, template)
+        self.retriever = retriever
+        self.settings = settings or GenerationSettings()
+        #: Most sequences per ``generate`` call (``None``: one call per agent for the batch).
+        self.batch_size = batch_size
+
+
+class RagPipeline(ModelPipeline):
     """Runs the agents of a mode over batches of questions with one shared model."""
 
     def __init__(
@@ -200,24 +220,14 @@ class RagPipeline:
         settings: GenerationSettings | None = None,
         batch_size: int | None = None,
     ) -> None:
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1 (or None), got {batch_size}")
         if mode not in MODES + ORACLE_MODES:
             raise ValueError(f"unknown pipeline mode {mode!r}; choose one of "
                              f"{', '.join(MODES + ORACLE_MODES)}")
         if mode != "g" and retriever is None:
             raise ValueError(f"pipeline mode {mode!r} needs a retriever")
-        self.model = model
-        self.tokenizer = tokenizer
-        if not isinstance(template, PromptRenderer):
-            template = PromptRenderer(tokenizer, template)
-        self.renderer = template
-        self.retriever = retriever
+        super().__init__(model, tokenizer, template, retriever, settings, batch_size)
         self.mode = mode
         self.k = k
-        self.settings = settings or GenerationSettings()
-        #: Most sequences per ``generate`` call (``None``: one call per agent for the batch).
-        self.batch_size = batch_size
         self.last_timings = BatchTimings()
 
     # -- the pipeline ----------------------------------------------------------------------------

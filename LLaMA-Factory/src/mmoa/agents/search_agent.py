@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mmoa.agents.generation_cache import cache_kwargs
-from mmoa.agents.pipeline import DocumentRetriever, GenerationSettings
+from mmoa.agents.pipeline import DocumentRetriever, GenerationSettings, ModelPipeline
 from mmoa.agents.prompts import ChatMessages
 from mmoa.agents.render import PromptRenderer
 from mmoa.agents.search_tags import (
@@ -152,8 +152,10 @@ class SearchTrajectory:
 ProcessorFactory = Callable[[list[SearchTrajectory], int], "LogitsProcessor"]
 
 
-class SearchAgentPipeline:
+class SearchAgentPipeline(ModelPipeline):
     """Runs the search agent over batches of questions with one model and one retriever."""
+
+    retriever: DocumentRetriever
 
     #: Generation of a turn stops right after one of these (besides the end of turn).
     STOP_STRINGS: tuple[str, ...] = STOP_STRINGS
@@ -186,19 +188,11 @@ class SearchAgentPipeline:
                             ("max_new_tokens", max_new_tokens)):
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1 (or None), got {batch_size}")
-        self.model = model
-        self.tokenizer = tokenizer
-        self.renderer = template if isinstance(template, PromptRenderer) \
-            else PromptRenderer(tokenizer, template)
-        self.retriever = retriever
+        super().__init__(model, tokenizer, template, retriever, settings, batch_size)
         self.max_turns = max_turns
         self.max_queries = max_queries
         self.top_k = top_k
         self.max_new_tokens = max_new_tokens
-        self.settings = settings or GenerationSettings()
-        self.batch_size = batch_size
         self.logits_processor_for = logits_processor_for
         self.stop_ids = self.renderer.stop_token_ids
         self.assistant_suffix = self.renderer.assistant_suffix_ids()
