@@ -121,6 +121,15 @@ def check_range(name: str, value: Any, low: float = 0.0, high: float = math.inf,
     raise ValueError(f"{name} must be a finite number {bound}{why}, got {shown(value)}")
 
 
+def check_at_least(name: str, value: int | None, minimum: int = 1) -> int | None:
+    """A count or size (turns, top-k, batch sizes, rounds) of at least ``minimum``, else one
+    ``ValueError`` line naming ``name``; ``None`` (an unset key whose default is decided later)
+    passes. One message for every integer lower bound of every stage's keys."""
+    if value is not None and value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
 def check_positive(name: str, value: Any, why: str = "") -> float:
     """A finite number > 0 (timeouts, caps)."""
     return check_range(name, value, 0.0, low_open=True, why=why)

@@ -43,7 +43,7 @@ from typing import Any
 
 from mmoa.agents.generation_cache import check_generation_cache, resolve_generation_cache
 from mmoa.agents.modes import ORACLE_MODES
-from mmoa.config_values import check_temperature, check_top_p
+from mmoa.config_values import check_at_least, check_temperature, check_top_p
 from mmoa.data.loaders import AMBIGQA_ANSWER_SETS, DEFAULT_AMBIGQA_ANSWERS
 from mmoa.data.records import QARecord
 from mmoa.data.registry import load_dataset_records
@@ -166,15 +166,12 @@ class EvalConfig:
         for name in ("k", "batch_size", "search_max_turns", "search_max_queries",
                      "search_top_k", "max_new_tokens_search", "decision_top_k",
                      "max_new_tokens_decision"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+            check_at_least(name, getattr(self, name))
         # the ranges every sampled stage shares (mmoa.config_values): 1e-320 sampled with
         # every logit inf (a traceback)
         self.temperature = check_temperature("temperature", self.temperature)
         self.top_p = check_top_p("top_p", self.top_p)
-        if self.decision_max_searches < 0:
-            raise ValueError(f"decision_max_searches must be at least 0, got "
-                             f"{self.decision_max_searches}")
+        check_at_least("decision_max_searches", self.decision_max_searches, 0)
         if self.decision_policy not in DECISION_POLICIES:
             raise ValueError(f"decision_policy must be one of {', '.join(DECISION_POLICIES)}, "
                              f"got {self.decision_policy!r}")

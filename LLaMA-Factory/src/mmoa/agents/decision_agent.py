@@ -40,6 +40,7 @@ from mmoa.agents.search_agent import (
     SearchTurn,
 )
 from mmoa.agents.search_tags import TurnParse
+from mmoa.config_values import check_at_least
 from mmoa.defaults import DECISION_MAX_NEW_TOKENS, DECISION_MAX_SEARCHES, DECISION_TOP_K
 
 if TYPE_CHECKING:
@@ -79,8 +80,7 @@ class DecisionAgentPipeline(SearchAgentPipeline):
         if policy not in DECISION_POLICIES:
             raise ValueError(f"policy must be one of {', '.join(DECISION_POLICIES)}, got "
                              f"{policy!r}")
-        if max_searches < 0:
-            raise ValueError(f"max_searches must be at least 0, got {max_searches}")
+        check_at_least("max_searches", max_searches, 0)
         if retriever is None and policy != "never" and max_searches > 0:
             raise ValueError("a retriever is needed unless policy is never or max_searches 0")
         # the baselines' quota: never searches 0 times, always exactly once (the question)

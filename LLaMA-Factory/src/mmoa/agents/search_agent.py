@@ -50,6 +50,7 @@ from mmoa.agents.search_tags import (
     parse_turn,
     search_prompt,
 )
+from mmoa.config_values import check_at_least
 from mmoa.defaults import (
     SEARCH_MAX_NEW_TOKENS,
     SEARCH_MAX_QUERIES,
@@ -182,12 +183,10 @@ class SearchAgentPipeline(ModelPipeline):
         batch_size: int | None = None,
         logits_processor_for: ProcessorFactory | None = None,
     ) -> None:
-        if max_turns < self.MIN_TURNS:
-            raise ValueError(f"max_turns must be at least {self.MIN_TURNS}, got {max_turns}")
+        check_at_least("max_turns", max_turns, self.MIN_TURNS)
         for name, value in (("max_queries", max_queries), ("top_k", top_k),
                             ("max_new_tokens", max_new_tokens)):
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+            check_at_least(name, value)
         super().__init__(model, tokenizer, template, retriever, settings, batch_size)
         self.max_turns = max_turns
         self.max_queries = max_queries

@@ -34,6 +34,7 @@ from mmoa.agents.decision_tags import (
     format_decision,
     format_documents,
 )
+from mmoa.config_values import check_at_least
 from mmoa.data.records import QARecord
 from mmoa.data.search_agent_sft import (
     TrajectorySFTReport,
@@ -63,8 +64,7 @@ class DecisionSFTConfig:
 
     def validate(self) -> None:
         for key in ("top_k", "max_searches"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be at least 1, got {getattr(self, key)}")
+            check_at_least(key, getattr(self, key))
 
 
 @dataclass

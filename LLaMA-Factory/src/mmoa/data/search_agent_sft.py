@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mmoa.agents.search_tags import format_information, format_turn, search_prompt
+from mmoa.config_values import check_at_least
 from mmoa.data.records import QARecord
 from mmoa.data.registry import register_datasets
 from mmoa.data.sft_builder import DocumentSearcher
@@ -79,8 +80,7 @@ class SearchSFTConfig:
 
     def validate(self) -> None:
         for key in ("top_k", "max_queries", "max_turns"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key} must be at least 1, got {getattr(self, key)}")
+            check_at_least(key, getattr(self, key))
         if self.query_mode not in QUERY_MODES:
             raise ValueError(f"query_mode must be one of {', '.join(QUERY_MODES)}, got "
                              f"{self.query_mode!r}")

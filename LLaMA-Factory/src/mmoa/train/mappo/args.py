@@ -38,10 +38,12 @@ from mmoa import defaults
 from mmoa.agents.generation_cache import GENERATION_CACHES
 from mmoa.agents.prompts import AGENTS
 from mmoa.config_values import (
+    check_at_least,
     check_clip_range,
     check_learning_rate,
     check_max_grad_norm,
     check_positive,
+    check_range,
     check_temperature,
     check_top_p,
     typed_fields,
@@ -432,9 +434,8 @@ class MappoArguments:
         for name in ("mappo_top_k", "mappo_rollout_batch_size", "mappo_forward_batch_size",
                      "mappo_max_new_tokens_qr", "mappo_max_new_tokens_selector",
                      "mappo_max_new_tokens_generator"):
-            value = getattr(self, name)  # None: the default (mappo_forward_batch_size)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+            # None: the default (mappo_forward_batch_size)
+            check_at_least(name, getattr(self, name))
         from mmoa.metrics import get_profile
         from mmoa.train.mappo.rewards import DECISION_ANSWER_REWARDS
 
@@ -485,8 +486,7 @@ class MappoArguments:
                      "mappo_max_new_tokens_search", "mappo_decision_top_k",
                      "mappo_max_new_tokens_decision", "mappo_joint_retriever_every",
                      "mappo_joint_retriever_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+            check_at_least(name, getattr(self, name))
         if self.algorithm.grouped and self.mappo_group_size < 2:
             raise ValueError(f"mappo_group_size must be at least 2 under mappo_algorithm: "
                              f"{self.mappo_algorithm}, "
@@ -509,24 +509,16 @@ class MappoArguments:
         check_clip_range("mappo_cliprange_value", self.mappo_cliprange_value)
         for name in ("mappo_vf_coef", "mappo_init_kl_coef", "mappo_min_kl_coef",
                      "mappo_kl_loss_coef"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+            check_range(name, getattr(self, name))
         for name in ("mappo_gamma", "mappo_lam"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.mappo_decision_max_searches < 0:
-            raise ValueError(f"mappo_decision_max_searches must be at least 0, got "
-                             f"{self.mappo_decision_max_searches}")
+        check_at_least("mappo_decision_max_searches", self.mappo_decision_max_searches, 0)
         for name in ("mappo_decision_retrieval_cost", "mappo_decision_malformed_penalty"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0 (it is subtracted from "
-                                 f"the reward), got {value}")
+            check_range(name, getattr(self, name), why=" (it is subtracted from the reward)")
         weight = self.mappo_qr_retrieval_reward
-        if not (math.isfinite(weight) and weight >= 0):
-            raise ValueError(f"mappo_qr_retrieval_reward must be a finite number >= 0 (a "
-                             f"reward added to the Query Rewriter's score), got {weight}")
+        check_range("mappo_qr_retrieval_reward", weight,
+                    why=" (a reward added to the Query Rewriter's score)")
         if weight > 0 and self.algorithm.grouped:
             raise ValueError(f"mappo_qr_retrieval_reward is learned against the value head's "
                              f"baseline; mappo_algorithm: {self.mappo_algorithm} has none (use "
@@ -577,9 +569,7 @@ class MappoArguments:
 
     def _check_loss_keys(self, algorithm: Algorithm) -> None:
         """The constant of the ``constant`` averaging only where that averaging is used."""
-        length = self.mappo_loss_norm_length
-        if length is not None and length < 1:
-            raise ValueError(f"mappo_loss_norm_length must be at least 1, got {length}")
+        length = check_at_least("mappo_loss_norm_length", self.mappo_loss_norm_length)
         averaging = algorithm.resolve_loss_averaging(self.mappo_loss_averaging)
         if length is not None and averaging != "constant":
             raise ValueError(f"mappo_loss_norm_length is the constant of mappo_loss_averaging: "
@@ -596,8 +586,7 @@ class MappoArguments:
         agent's response length enters its group, and only the three agents have one
         generation budget per response)."""
         rounds = self.mappo_dapo_max_rounds
-        if rounds < 0:
-            raise ValueError(f"mappo_dapo_max_rounds must be at least 0, got {rounds}")
+        check_at_least("mappo_dapo_max_rounds", rounds, 0)
         if rounds != defaults.DAPO_MAX_ROUNDS and not algorithm.dynamic_sampling:
             sampling = [a.name for a in map(get_algorithm, algorithm_names())
                         if a.dynamic_sampling]
@@ -608,9 +597,7 @@ class MappoArguments:
         if not (math.isfinite(buffer) and 0 <= buffer <= 1):
             raise ValueError(f"mappo_overlong_buffer must be a share in [0, 1] of each agent's "
                              f"generation budget, got {buffer}")
-        if not (math.isfinite(factor) and factor >= 0):
-            raise ValueError(f"mappo_overlong_penalty_factor must be a finite number >= 0, "
-                             f"got {factor}")
+        check_range("mappo_overlong_penalty_factor", factor)
         for key, on in (("mappo_overlong_buffer", buffer > 0),
                         ("mappo_overlong_filter", self.mappo_overlong_filter)):
             if on and not algorithm.grouped:

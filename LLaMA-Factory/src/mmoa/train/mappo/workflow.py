@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mmoa.config_values import check_at_least
 from mmoa.fileio import atomic_write_text
 from mmoa.train.mappo.args import MappoArguments, split_mappo_args, typed_llamafactory_keys
 from mmoa.train.mappo.log import in_web_ui, mappo_logger
@@ -84,8 +85,8 @@ def check_training_setup(model_args: Any, training_args: Any, finetuning_args: A
     for name, value in (("per_device_train_batch_size", training_args.per_device_train_batch_size),
                         ("gradient_accumulation_steps", training_args.gradient_accumulation_steps),
                         ("ppo_epochs", finetuning_args.ppo_epochs)):
-        if value < 1:  # 0 trained nothing (ppo_epochs) or split the rollout oddly, silently
-            raise ValueError(f"{name} must be at least 1, got {value}")
+        # 0 trained nothing (ppo_epochs) or split the rollout oddly, silently
+        check_at_least(name, value)
     if getattr(training_args, "fp16", False):
         raise ValueError("the mappo stage does not support fp16 (its loss scaling would leave "
                          "the gradients unscaled at clipping): use bf16: true or fp32")
