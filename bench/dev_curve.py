@@ -58,6 +58,7 @@ from bench_runs import (
     add_precision_option,
     fail,
     load_json_or_exit,
+    model_arguments,
     paired_gain,
     per_question_f1,
     write_result,
@@ -393,6 +394,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.follow and not any(p.source != "warm_start" for p in points):
         fail(f"--run-dir {run_dir}: no checkpoint-N folder and no final model in it (trained "
              "with a save_total_limit that kept none? --follow waits for them)")
+    for point in points:  # LoRA adapters without the model they were trained from
+        try:
+            model_arguments(point.path, args.warm_start)
+        except SystemExit as err:
+            fail(f"{err} (--warm-start)")
     curve = Curve(args)
     curve.check_settings()
     evaluated = 0

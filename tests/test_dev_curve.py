@@ -123,6 +123,7 @@ def test_an_empty_run_folder_without_follow_is_refused(bench, tmp_path: Path, ca
 
 def _folder(path: Path, weights: bytes = b"w") -> Path:
     path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
     (path / "model.safetensors").write_bytes(weights)
     return path
 
@@ -210,6 +211,7 @@ def test_follow_waits_for_checkpoints_and_stops_at_the_final_model(
             _folder(run / "checkpoint-2", b"two")
         else:
             (run / "model.safetensors").write_text("three")
+            (run / "config.json").write_text("{}")
             _final(run, 3)
 
     monkeypatch.setattr(bench.learning_signal, "evaluate", fake_evaluate)
@@ -246,3 +248,17 @@ def test_a_work_folder_of_another_curve_is_refused(bench, tmp_path: Path, capsys
     err = capsys.readouterr().err
     assert "eval_file=" in err and "give another --work-dir" in err
     assert sorted(p.name for p in work.iterdir()) == ["settings.json"]
+
+
+def test_lora_checkpoints_without_the_warm_start_are_refused(bench, tmp_path: Path,
+                                                              capsys) -> None:
+    (tmp_path / "run" / "checkpoint-1").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoint-1" / "adapter_config.json").write_text("{}")
+    (tmp_path / "dev.jsonl").write_text("{}\n")
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--run-dir", str(tmp_path / "run"), "--eval-file",
+                    str(tmp_path / "dev.jsonl"), "--work-dir", str(tmp_path / "work")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "LoRA adapters" in err and "--warm-start" in err
+    assert not (tmp_path / "work").exists()
