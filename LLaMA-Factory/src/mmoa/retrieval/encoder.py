@@ -352,14 +352,7 @@ def check_model_folder(path: str | os.PathLike[str], *, untrusted: bool = True,
     stat-ed), so that nothing opened here can be swapped for a FIFO between the check and the
     open; errors still name ``path``'s files. Raises :class:`EncoderFolderError`.
     """
-    root = Path(path).expanduser()
-    if not root.is_dir():
-        raise EncoderFolderError(root, "not a local directory (models are never downloaded "
-                                       "here); pass the folder that holds config.json and the "
-                                       "weights")
-    root = root.resolve()
-    files = _regular_files(root, untrusted)
-    _check_names(root, files, untrusted)
+    root, files = _listed_folder(path, untrusted)
     if content is None:
         return _check_contents(root, files, expected_dim, device)
     try:
@@ -370,6 +363,22 @@ def check_model_folder(path: str | os.PathLike[str], *, untrusted: bool = True,
             shown = root / shown.relative_to(content)
         raise EncoderFolderError(shown, err.reason) from err
     return replace(staged, path=root)
+
+
+def _listed_folder(path: str | os.PathLike[str], untrusted: bool
+                   ) -> tuple[Path, dict[str, os.stat_result]]:
+    """The resolved model folder and its regular files (:func:`_regular_files`), their names
+    checked (:func:`_check_names`): the first steps of both :func:`check_model_folder` and
+    :func:`stage_model_folder`, so the two refuse the same folders with the same messages."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise EncoderFolderError(root, "not a local directory (models are never downloaded "
+                                       "here); pass the folder that holds config.json and the "
+                                       "weights")
+    root = root.resolve()
+    files = _regular_files(root, untrusted)
+    _check_names(root, files, untrusted)
+    return root, files
 
 
 def _check_names(root: Path, files: dict[str, os.stat_result], untrusted: bool) -> None:
@@ -455,14 +464,7 @@ def stage_model_folder(path: Path, dest: Path, *, untrusted: bool,
     read from ``dest``, which no client can change. Pickle weights are copied only from a
     trusted folder (the server's start encoder). Returns name -> stat of the files copied.
     """
-    root = path.expanduser()
-    if not root.is_dir():
-        raise EncoderFolderError(root, "not a local directory (models are never downloaded "
-                                       "here); pass the folder that holds config.json and the "
-                                       "weights")
-    path = root.resolve()
-    files = _regular_files(path, untrusted)
-    _check_names(path, files, untrusted)
+    path, files = _listed_folder(path, untrusted)
     copied: dict[str, os.stat_result] = {}
     for name, info in sorted(files.items()):
         pickle = name.endswith(_PICKLE_SUFFIXES)
