@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 import time
 from pathlib import Path
@@ -130,12 +129,9 @@ def main() -> None:
     parser.add_argument("--json-out", dest="json_out")
     args = parser.parse_args()
     results = measure(args)
-    print(json.dumps(results, indent=2))
-    print(table(results))
-    if args.json_out:
-        from bench_runs import write_result  # a sibling: bench/ is first on sys.path
+    from bench_runs import report_result  # a sibling: bench/ is first on sys.path
 
-        write_result(args.json_out, results, "bench/behaviour_ratio.py")
+    report_result(results, table(results), args.json_out, "bench/behaviour_ratio.py")
 
 
 if __name__ == "__main__":

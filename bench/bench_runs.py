@@ -560,3 +560,12 @@ def print_result(result: dict[str, Any], table: str) -> None:
     """The bench's output: one JSON object, then its table."""
     print(json.dumps(result, indent=2))
     print(table)
+
+
+def report_result(result: dict[str, Any], table: str, json_out: str | Path | None,
+                  script: str) -> None:
+    """A one-shot bench's ending: its output (:func:`print_result`), then ``result`` written to
+    ``--json-out`` when one is given (:func:`write_result`, stamped with ``script``'s code)."""
+    print_result(result, table)
+    if json_out:
+        write_result(json_out, result, script)

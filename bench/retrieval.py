@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "LLaMA-Factory" / "src"))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the server sets it (run_server.sh)
 
-from bench_runs import write_result  # noqa: E402
+from bench_runs import report_result  # noqa: E402
 
 import mmoa  # noqa: E402,F401  (offline environment)
 
@@ -357,10 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         results["scaling"] = part_scaling(args.n_vectors, args.n_queries, args.dim,
                                          args.ivf)
     results["machine"]["load_avg_end"] = os.getloadavg()
-    print(json.dumps(results, indent=2))
-    print(table(results))
-    if args.json_out:
-        write_result(args.json_out, results, "bench/retrieval.py")
+    report_result(results, table(results), args.json_out, "bench/retrieval.py")
     return 0
 
 

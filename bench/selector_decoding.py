@@ -127,12 +127,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
     report = run(args)
-    print(json.dumps(report, indent=2))
-    print(_table(report))
-    if args.json_out:
-        from bench_runs import write_result  # a sibling: bench/ is first on sys.path
+    from bench_runs import report_result  # a sibling: bench/ is first on sys.path
 
-        write_result(args.json_out, report, "bench/selector_decoding.py")
+    report_result(report, _table(report), args.json_out, "bench/selector_decoding.py")
     return 0
 
 

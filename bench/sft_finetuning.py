@@ -128,16 +128,15 @@ def main() -> None:
     if len(rows) == 2:
         report["lora_over_full_step_time"] = round(
             rows[1]["seconds_per_step"] / rows[0]["seconds_per_step"], 3)
-    print(json.dumps(report, indent=2))
-    print()
-    print(f"{'variant':<8}{'s/step':>9}{'peak RSS MiB':>14}{'trainable':>13}{'final loss':>12}")
+    table = [f"\n{'variant':<8}{'s/step':>9}{'peak RSS MiB':>14}{'trainable':>13}"
+             f"{'final loss':>12}"]
     for row in rows:
-        print(f"{row['variant']:<8}{row['seconds_per_step']:>9.2f}{row['peak_rss_mib']:>14.1f}"
-              f"{row['trainable_parameters']:>13,}{row['final_loss'] or float('nan'):>12.4f}")
-    if args.json_out:
-        from bench_runs import write_result  # a sibling: bench/ is first on sys.path
+        table.append(f"{row['variant']:<8}{row['seconds_per_step']:>9.2f}"
+                     f"{row['peak_rss_mib']:>14.1f}{row['trainable_parameters']:>13,}"
+                     f"{row['final_loss'] or float('nan'):>12.4f}")
+    from bench_runs import report_result  # a sibling: bench/ is first on sys.path
 
-        write_result(args.json_out, report, "bench/sft_finetuning.py")
+    report_result(report, "\n".join(table), args.json_out, "bench/sft_finetuning.py")
 
 
 if __name__ == "__main__":

@@ -94,15 +94,12 @@ def main() -> None:
         rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
     report = {"model": args.model, "samples": args.samples, "prompt_tokens": args.prompt_tokens,
               "response_tokens": args.response_tokens, "variants": rows}
-    print(json.dumps(report, indent=2))
-    print(f"{'variant':<24} {'seconds':>8} {'peak MiB over baseline':>24}")
-    for row in rows:
-        print(f"{row['variant']:<24} {row['seconds']:>8.2f} "
-              f"{row['peak_rss_over_baseline_mib']:>24.1f}")
-    if args.json_out:
-        from bench_runs import write_result  # a sibling: bench/ is first on sys.path
+    table = [f"{'variant':<24} {'seconds':>8} {'peak MiB over baseline':>24}"]
+    table += [f"{row['variant']:<24} {row['seconds']:>8.2f} "
+              f"{row['peak_rss_over_baseline_mib']:>24.1f}" for row in rows]
+    from bench_runs import report_result  # a sibling: bench/ is first on sys.path
 
-        write_result(args.json_out, report, "bench/update_memory.py")
+    report_result(report, "\n".join(table), args.json_out, "bench/update_memory.py")
 
 
 if __name__ == "__main__":
