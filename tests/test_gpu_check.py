@@ -7,6 +7,7 @@ are checked here."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -25,15 +26,65 @@ sys.path.insert(0, str(GPU_CHECK))
 import pack  # noqa: E402
 import run_check  # noqa: E402
 
-#: The dry run in CI leaves out the three evaluation modes that only switch agents off (g, s_g,
-#: qr_g: the qr_s_g path with fewer calls, covered by the pipeline's own tests), for time.
-DRY_STAGES = [s for s in run_check.STAGE_NAMES if s not in ("eval_g", "eval_s_g", "eval_qr_g")]
+#: The dry run in CI leaves out, for time, the stages that are a kept stage's command with
+#: another mode or config (each stage costs a process start and library imports, 10-20 s):
+#: the four evaluation modes that only switch agents off (g, s_g, qr_g, rag: the qr_s_g path
+#: with fewer calls, covered by the pipeline's own tests) and GRPO (run_mappo.sh as for PPO, with
+#: the demo's GRPO config, which tests/test_grpo.py checks is the PPO config plus the GRPO keys;
+#: GRPO training runs in tests/test_grpo_integration.py and under ZeRO-3 in
+#: tests/test_mappo_deepspeed.py). test_the_left_out_stages_are_kept_stages_commands checks
+#: that they are.
+LEFT_OUT = ("eval_g", "eval_s_g", "eval_qr_g", "eval_rag", "mappo_grpo")
+DRY_STAGES = [s for s in run_check.STAGE_NAMES if s not in LEFT_OUT]
 
 
 def test_the_step_benchmark_runs_only_when_asked_for() -> None:
     assert "bench_mappo_step" in run_check.STAGE_NAMES
     assert "bench_mappo_step" not in run_check.DEFAULT_STAGES
     assert set(run_check.DEFAULT_STAGES) == set(run_check.STAGE_NAMES) - {"bench_mappo_step"}
+
+
+def test_the_left_out_stages_are_kept_stages_commands(tmp_path: Path) -> None:
+    """What the CI dry run leaves out (LEFT_OUT) is the command of a stage it runs with another
+    mode or config: the evaluation modes differ from qr_s_g in ``--mode`` and the output folder
+    only (g also drops ``--k``), GRPO from PPO in the config and the scale's overrides, which
+    parse as a GRPO MAPPO run."""
+    import yaml
+
+    from mmoa.train.mappo.args import split_mappo_args
+
+    run = run_check.Run(argparse.Namespace(model="tiny", bench_set=[]), tmp_path, "cpu",
+                        run_check.DRY_SCALE, started=0.0, deadline=0.0)
+    run.saves("sft").mkdir(parents=True)
+    (run.saves("sft") / "config.json").write_text("{}")  # the SFT stage finished
+    stages = {stage.name: stage for stage in run_check.STAGES}
+
+    def command(name: str) -> list[str]:
+        cmd, note = stages[name].command(run)
+        assert note == "", name  # the SFT model, no fallback
+        return [str(c) for c in cmd]
+
+    kept = command("eval_qr_s_g")
+    for mode in ("rag", "s_g", "qr_g", "g"):
+        left = command(f"eval_{mode}")
+        renamed = {"qr_s_g": mode, str(tmp_path / "eval" / "qr_s_g"): str(tmp_path / "eval" / mode)}
+        expected = [renamed.get(c, c) for c in kept]
+        if mode == "g":
+            at = expected.index("--k")
+            del expected[at:at + 2]
+        assert left == expected, mode
+    ppo, grpo = command("mappo_ppo"), command("mappo_grpo")
+    assert grpo[:2] == ppo[:2] == ["bash", "LLaMA-Factory/run_mappo.sh"]
+    assert ppo[2].endswith("tiny_full_mappo.yaml") and grpo[2].endswith("tiny_full_grpo.yaml")
+    grpo_overrides = len(run.scale.grpo)
+    assert grpo[3:-grpo_overrides] == [c.replace("mappo_ppo", "mappo_grpo")
+                                       for c in ppo[3:-len(run.scale.ppo)]]
+    config = yaml.safe_load((ROOT / grpo[2]).read_text())
+    config.update({key: yaml.safe_load(value) for key, value in
+                   (item.split("=", 1) for item in grpo[-grpo_overrides:])})
+    args, _ = split_mappo_args(config)
+    assert args.mappo_algorithm == "grpo" and args.mappo_group_size == 2
+    assert args.mappo_questions_per_rollout == 1 and config["max_steps"] == 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,13 +266,12 @@ def test_dry_run_runs_every_stage_on_the_cpu(dry_run: dict) -> None:
     assert list(stages) == ["setup", *DRY_STAGES]
     assert summary["ok"] and summary["device"] == "cpu" and summary["model"] == "tiny"
     assert all(s["status"] == "ok" for s in stages.values()), summary["not_ok"]
-    for name in ("sft", "mappo_ppo", "mappo_grpo", "search_agent", "decision_agent",
-                 "retriever_rl"):
+    for name in ("sft", "mappo_ppo", "search_agent", "decision_agent", "retriever_rl"):
         assert stages[name]["details"]["steps_logged"] >= 1, name
         assert stages[name]["details"]["model_written"], name
-    for name in ("sft", "mappo_ppo", "mappo_grpo", "search_agent", "decision_agent"):
+    for name in ("sft", "mappo_ppo", "search_agent", "decision_agent"):
         assert stages[name]["device_lines"] == ["cpu"], name  # the trainer's device line
-    for mode in ("qr_s_g", "rag", "search_agent", "decision_agent"):
+    for mode in ("qr_s_g", "search_agent", "decision_agent"):
         metrics = stages[f"eval_{mode}"]["details"]["metrics"]
         assert metrics["num_questions"] == 2 and 0.0 <= metrics["f1"] <= 1.0
     assert stages["eval_search_agent"]["command"][3].endswith("saves/search_agent")
@@ -256,7 +306,7 @@ def test_dry_run_runs_every_stage_on_the_cpu(dry_run: dict) -> None:
     with tarfile.open(dry_run["out"] / "gpu_check_logs.tar.gz") as tar:
         names = tar.getnames()
     assert "gpu_check/logs/setup.log" in names
-    assert any(n.endswith("_mappo_grpo.log") for n in names)
+    assert any(n.endswith("_mappo_ppo.log") for n in names)
     assert "gpu_check/saves/sft/trainer_log.jsonl" in names
     assert any(n.startswith("gpu_check/probes/") for n in names)
     assert "stages ok on cpu" in dry_run["stdout"]
