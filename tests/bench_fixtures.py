@@ -45,6 +45,15 @@ class HandClock:
         return self.now
 
 
+def import_bench(name: str) -> ModuleType:
+    """``bench/<name>.py`` imported as the top-level module ``name``, as the scripts import
+    each other (``bench/`` first on ``sys.path``): one module object for the test and the
+    siblings that import it, unlike :func:`load_bench`'s fresh copy."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    return importlib.import_module(name)
+
+
 def load_bench(name: str) -> ModuleType:
     """The bench script ``bench/<name>.py`` as a module (the scripts import their shared
     helpers, ``bench/bench_runs.py`` and each other, as top-level sibling modules). Registered in

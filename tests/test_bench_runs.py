@@ -11,18 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.bench_fixtures import HandClock, load_bench
+from tests.bench_fixtures import HandClock, import_bench, load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def runs():
-    if str(ROOT / "bench") not in sys.path:
-        sys.path.insert(0, str(ROOT / "bench"))
-    import bench_runs
-
-    return bench_runs
+    return import_bench("bench_runs")
 
 
 def test_training_tail_reads_every_logged_key_of_the_last_steps(runs, tmp_path: Path) -> None:

@@ -1,46 +1,31 @@
 """``bench/side_by_side.py``: one command, every method's row, resumable row by row.
 
-The integration test runs the bench in-process (its trainings and evaluations are subprocesses,
-as for a user) with the tiny model on a 13-question slice of
-``../shared/data/hotpotqa_fullwiki_486`` (7 train, 3 dev, 3 test; the corpus from the slice's
-own paragraphs, the real server on loopback): zero-shot, the warm start (SFT, 2 steps), MAPPO
-(1 step) and a HARR row that fails (no ``--index``), run before the others. It checks the JSON,
-that the failed row is recorded while the rows after it still run, that a rerun starts no
-training or evaluation for the finished rows, and that ``--report`` prints the same table. The
-bookkeeping tests need neither the data nor a model; one of them fails a row by a real
-subprocess's exit status, as a failed training does.
+The bookkeeping tests here need neither the data nor a model; one of them fails a row by a real
+subprocess's exit status, as a failed training does. The integration test (the bench in-process
+on a real HotpotQA slice with the tiny model: zero-shot, the warm start, rag, MAPPO and a HARR
+row that fails, the JSON, the rerun that starts nothing, ``--report``) is
+``test_side_by_side_on_a_real_slice`` in tests/test_distractor_workflow.py, where it shares the
+distractor chain's bench run instead of training and evaluating the same warm start again.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.bench_fixtures import SIDE_BY_SIDE_TINY_OVERRIDES, write_hotpotqa_slice
+from tests.bench_fixtures import import_bench
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "hotpotqa_fullwiki_486"
-SLICE = {"train": 7, "dev": 3, "test": 3}
-OVERRIDES = SIDE_BY_SIDE_TINY_OVERRIDES
-ROW_KEYS = {"method", "label", "pipeline", "status", "key", "settings", "vs", "seconds",
-            "finished", "code", "paired"}
-OK_KEYS = {"model", "num_questions", "f1", "f1_se", "em", "em_se", "acc", "candidate_recall",
-           "eval_dir", "per_question_f1"}
 
 
 @pytest.fixture(scope="module")
 def sbs():
     """The bench module (it imports its sibling benches as top-level modules)."""
-    if str(ROOT / "bench") not in sys.path:
-        sys.path.insert(0, str(ROOT / "bench"))
-    import side_by_side
-
-    return side_by_side
+    return import_bench("side_by_side")
 
 
 def test_overrides_split_by_method(sbs):
@@ -191,107 +176,3 @@ def test_a_failed_stage_is_the_rows_error_not_the_tables(sbs, tmp_path, monkeypa
     with pytest.raises(pytest.fail.Exception):  # the test runner's own exits pass through
         monkeypatch.setattr(bench, "run_zero_shot", lambda: pytest.fail("timeout"))
         bench.run_row("zero_shot")
-
-
-pytest_real = pytest.mark.skipif(
-    not (DATA / "hotpot_fullwiki_train.json").is_file(),
-    reason=f"the real HotpotQA files are absent ({DATA}); this test needs the shared data folder",
-)
-
-
-@pytest_real
-@pytest.mark.slow
-@pytest.mark.timeout(1500)  # about 2 min of CPU; 2 shared cores stretch the wall time
-def test_side_by_side_on_a_real_slice(sbs, tmp_path: Path, tiny_model_dir: Path,
-                                      monkeypatch: pytest.MonkeyPatch,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
-    from mmoa.data.context_corpus import build_context_corpus
-    from mmoa.retrieval.builder import BuildConfig, build_index
-    from tests.retrieval_fixtures import running_server
-
-    files = write_hotpotqa_slice(DATA, "hotpot_fullwiki", SLICE, tmp_path / "hotpotqa")
-    corpus, index = tmp_path / "corpus.jsonl", tmp_path / "index"
-    build_context_corpus(list(files.values()), corpus)
-    build_index(BuildConfig(corpus=str(corpus), output=str(index), progress=False))
-
-    commands: list[str] = []  # every training and evaluation the bench starts, in order
-    real_run = subprocess.run
-
-    def counting_run(command: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(command, list) and any("evaluate_qr_s_g" in str(c) or c == "mmoa.cli"
-                                             for c in command):
-            commands.append(" ".join(map(str, command)))
-        return real_run(command, *args, **kwargs)
-
-    monkeypatch.setattr(subprocess, "run", counting_run)
-    out_json, markdown = tmp_path / "sbs.json", tmp_path / "sbs.md"
-    with running_server(["--index", str(index)], log_path=tmp_path / "server.log") as server:
-        common = ["--train-file", str(files["train"]), "--dev-file", str(files["dev"]),
-                  "--test-file", str(files["test"]), "--scoring", "hotpotqa",
-                  "--retriever-url", server.url, "--model", "tiny",
-                  "--base-model", str(tiny_model_dir), "--precision", "fp32",
-                  "--work-dir", str(tmp_path / "work"), "--json-out", str(out_json),
-                  "--markdown", str(markdown), *OVERRIDES]
-        # HARR first: it fails (no --index) after its warm start, the rows after it still run
-        sbs.main([*common, "--methods", "harr", "zero_shot", "mappo"])
-        first = json.loads(out_json.read_text())
-        first_commands = list(commands)
-        capsys.readouterr()
-
-        # the rerun: every finished row is skipped, nothing is trained or evaluated
-        sbs.main([*common, "--methods", "zero_shot", "mappo"])
-        rerun_out = capsys.readouterr().out
-    second = json.loads(out_json.read_text())
-
-    # the JSON: the table, the rows in the table's order, each with its columns
-    assert first["bench"] == "side_by_side" and first["schema"] == 1
-    # written by bench_runs.write_result: no path of this machine (here <tmp>/...)
-    from bench_runs import portable
-
-    assert first["table"]["eval_file"] == portable(str(files["test"].resolve()))
-    assert first["table"]["scoring"] == "hotpotqa"
-    assert first["order"] == ["zero_shot", "sft", "mappo", "harr"]
-    rows = first["rows"]
-    for name, row in rows.items():
-        assert set(row) >= ROW_KEYS, name
-    for name in ("zero_shot", "sft", "mappo"):
-        row = rows[name]
-        assert row["status"] == "ok", row.get("error")
-        assert set(row) >= OK_KEYS
-        assert row["num_questions"] == SLICE["test"] and len(row["per_question_f1"]) == 3
-        assert 0.0 <= row["f1"] <= 1.0 and row["f1_se"] is not None
-        assert row["candidate_recall"] is not None  # qr_s_g retrieves a candidate list
-        assert row["scoring_profile"] == "hotpotqa"
-        assert row["seconds"] > 0
-    assert rows["mappo"]["paired"]["vs"] == "sft" and rows["mappo"]["paired"]["n"] == 3
-    assert rows["sft"]["paired"]["vs"] == "zero_shot"
-    assert rows["zero_shot"]["paired"] is None
-    assert rows["mappo"]["settings"]["needs"] == {"sft": rows["sft"]["key"]}
-
-    # the failed row is recorded, and the rows after it still ran: the warm start's training
-    # and evaluation came before it, zero-shot's evaluation and MAPPO after
-    assert rows["harr"]["status"] == "failed" and rows["harr"]["paired"] is None
-    assert "harr needs --index" in rows["harr"]["error"]
-    def kind(command: str) -> str:
-        words = command.split()
-        return words[words.index("mmoa.cli") + 1] if "mmoa.cli" in words else "eval"
-
-    assert [kind(c) for c in first_commands] == [
-        "data", "train", "eval", "eval", "data", "train", "eval"]
-    assert str(tiny_model_dir) in first_commands[3]  # the zero-shot row: the base model
-
-    # the rerun skipped every finished row: no subprocess, the same rows
-    assert commands == first_commands
-    assert rerun_out.count("finished before") == 3  # zero_shot, sft (mappo's), mappo
-    assert {n: r["finished"] for n, r in second["rows"].items()} == \
-        {n: r["finished"] for n, r in rows.items()}
-
-    # the outputs: the printed table, the markdown, the plot, and --report's table
-    table = sbs.format_table(second)
-    assert rerun_out.rstrip().endswith(table)
-    assert markdown.read_text() == sbs.format_markdown(second)
-    assert out_json.with_suffix(".png").stat().st_size > 0
-    sbs.main(["--report", str(out_json), "--no-plot"])
-    assert capsys.readouterr().out.rstrip() == table
-    assert "harr failed: harr needs --index" in table
-    print("row seconds:", {n: r["seconds"] for n, r in rows.items()})
