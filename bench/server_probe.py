@@ -861,6 +861,25 @@ def request_plan(client: int, j: int, questions: list[str]) -> tuple[str, list[s
     return ("/search", batch, k, False) if kind == 0 else ("/retrieve", batch, k, kind == 2)
 
 
+def request_body(path: str, batch: list[str], k: int, scores: bool) -> dict[str, Any]:
+    """The JSON body of a planned request (:func:`request_plan`): ``/search``'s field names or
+    ``/retrieve``'s."""
+    return ({"questions": batch, "N": k} if path == "/search"
+            else {"queries": batch, "topk": k, "return_scores": scores})
+
+
+def post_json(conn: http.client.HTTPConnection, path: str, body: dict[str, Any],
+              headers: dict[str, str]) -> tuple[int, bytes, float]:
+    """POST ``body`` as JSON on a keep-alive connection and read the whole answer:
+    ``(status, raw body, seconds)``. Connection errors and timeouts reach the caller, which
+    counts them and reconnects."""
+    t0 = time.perf_counter()
+    conn.request("POST", path, json.dumps(body), headers)
+    response = conn.getresponse()
+    raw = response.read()
+    return response.status, raw, time.perf_counter() - t0
+
+
 def run_concurrency(port: int, token: str, reference: Reference, questions: list[str],
                     clients: int, requests: int) -> dict[str, Any]:
     """``clients`` keep-alive clients, ``requests`` each, every answer checked."""
@@ -876,17 +895,12 @@ def run_concurrency(port: int, token: str, reference: Reference, questions: list
         gate.wait()
         for j in range(requests):
             path, batch, k, scores = request_plan(i, j, questions)
-            body = ({"questions": batch, "N": k} if path == "/search"
-                    else {"queries": batch, "topk": k, "return_scores": scores})
-            t0 = time.perf_counter()
             try:
-                conn.request("POST", path, json.dumps(body), headers)
-                response = conn.getresponse()
-                raw = response.read()
-                elapsed = time.perf_counter() - t0
-                if response.status != 200:
+                status, raw, elapsed = post_json(conn, path, request_body(path, batch, k, scores),
+                                                 headers)
+                if status != 200:
                     with lock:
-                        errors.append(f"client {i} request {j}: {response.status} {raw[:120]!r}")
+                        errors.append(f"client {i} request {j}: {status} {raw[:120]!r}")
                     continue
                 ok = check_answer(reference, path, batch, k, scores, json.loads(raw))
             except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as err:
@@ -1065,19 +1079,14 @@ def run_reload_under_load(port: int, token: str, references: dict[str, Reference
         while j < min_requests or not done.is_set():
             path, batch, k, scores = request_plan(i, j, questions)
             j += 1
-            body = ({"questions": batch, "N": k} if path == "/search"
-                    else {"queries": batch, "topk": k, "return_scores": scores})
-            t0 = time.perf_counter()
             try:
-                conn.request("POST", path, json.dumps(body), headers)
-                response = conn.getresponse()
-                raw = response.read()
-                elapsed = time.perf_counter() - t0
+                status, raw, elapsed = post_json(conn, path, request_body(path, batch, k, scores),
+                                                 headers)
                 with lock:
-                    statuses[str(response.status)] = statuses.get(str(response.status), 0) + 1
-                if response.status != 200:
+                    statuses[str(status)] = statuses.get(str(status), 0) + 1
+                if status != 200:
                     with lock:
-                        errors.append(f"client {i}: {response.status} {raw[:120]!r}")
+                        errors.append(f"client {i}: {status} {raw[:120]!r}")
                     continue
                 kind = classify_answer(encoders_matching(references, path, batch, k, scores,
                                                          json.loads(raw)))
