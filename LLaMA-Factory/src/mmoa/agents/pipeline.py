@@ -204,6 +204,22 @@ class ModelPipeline:
         #: Most sequences per ``generate`` call (``None``: one call per agent for the batch).
         self.batch_size = batch_size
 
+    def left_padded(self, sequences: Sequence[Sequence[int]]
+                    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """``(input_ids, attention_mask, pad id)`` of one ``generate`` call: ``sequences``
+        left-padded to the longest, so every row's next token is at the same position, with
+        the tokenizer's pad token (its end-of-sequence token where it has none)."""
+        pad_id = self.tokenizer.pad_token_id
+        if pad_id is None:
+            pad_id = self.tokenizer.eos_token_id
+        width = max(len(ids) for ids in sequences)
+        input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(sequences), width), dtype=torch.long)
+        for row, ids in enumerate(sequences):
+            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            attention[row, width - len(ids):] = 1
+        return input_ids, attention, pad_id
+
 
 class RagPipeline(ModelPipeline):
     """Runs the agents of a mode over batches of questions with one shared model."""
@@ -383,15 +399,8 @@ class RagPipeline(ModelPipeline):
     ) -> list[AgentCall]:
         """One ``generate`` call: ``copies`` rows per prompt."""
         device = next(self.model.parameters()).device
-        pad_id = self.tokenizer.pad_token_id
-        if pad_id is None:
-            pad_id = self.tokenizer.eos_token_id
-        width = max(len(ids) for ids in prompt_ids)
-        input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompt_ids), width), dtype=torch.long)
-        for row, ids in enumerate(prompt_ids):
-            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention[row, width - len(ids):] = 1
+        input_ids, attention, pad_id = self.left_padded(prompt_ids)
+        width = input_ids.shape[1]
         if copies > 1:
             input_ids = input_ids.repeat_interleave(copies, dim=0)
             attention = attention.repeat_interleave(copies, dim=0)

@@ -317,16 +317,9 @@ class SearchAgentPipeline(ModelPipeline):
         from transformers import LogitsProcessorList
 
         device = next(self.model.parameters()).device
-        pad_id = self.tokenizer.pad_token_id
-        if pad_id is None:
-            pad_id = self.tokenizer.eos_token_id
-        sequences = [t.prompt_ids + t.response_ids for t in rows]
-        width = max(len(s) for s in sequences)
-        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for row, ids in enumerate(sequences):
-            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention[row, width - len(ids):] = 1
+        input_ids, attention, pad_id = self.left_padded(
+            [t.prompt_ids + t.response_ids for t in rows])
+        width = input_ids.shape[1]
         kwargs: dict[str, Any] = {
             "max_new_tokens": self.max_new_tokens, "eos_token_id": self.stop_ids,
             "pad_token_id": pad_id, "use_cache": True,
