@@ -38,13 +38,19 @@ def full_run(tiny_model_dir: Path, tiny_mappo_data_dir: Path, tiny_server_url: s
 
     MappoTrainer.save_mappo_checkpoint = counted_save  # type: ignore[method-assign]
     try:
-        run_mappo(_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out))
+        run_mappo(_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out,
+                          **REWARDED))
     finally:
         MappoTrainer.save_mappo_checkpoint = save  # type: ignore[method-assign]
     CHECKPOINT_WRITES[:] = writes
     return out
 
 
+#: ``full_run``'s Generator penalty for answers over two words: it makes the tiny model's rewards,
+#: and so its losses, depend on what it sampled (without it every reward is 0), so that a resumed
+#: or interrupted run compared with ``full_run`` shows a wrong random state. Every run resumed
+#: from or compared with ``full_run`` has it too.
+REWARDED = {"mappo_generator_max_words": 2}
 #: The steps whose checkpoint folder ``full_run`` (re)wrote, in order.
 CHECKPOINT_WRITES: list[int] = []
 
@@ -107,7 +113,7 @@ def test_resumed_run_matches_the_uninterrupted_one(full_run: Path, tiny_model_di
     out = tmp_path / "resumed"
     shutil.copytree(full_run, out, ignore=shutil.ignore_patterns("checkpoint-3"))
     run_mappo(_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out,
-                      resume_from_checkpoint=str(out / "checkpoint-2")))
+                      resume_from_checkpoint=str(out / "checkpoint-2"), **REWARDED))
     assert [entry["current_steps"] for entry in _log(out)] == [1, 2, 3]
     full = json.loads((full_run / "trainer_state.json").read_text())["log_history"]
     resumed = json.loads((out / "trainer_state.json").read_text())["log_history"]
@@ -136,7 +142,7 @@ def test_a_damaged_checkpoint_stops_or_falls_back(full_run: Path, tiny_model_dir
     data[middle: middle + 4096] = bytes(b ^ 0x01 for b in data[middle: middle + 4096])
     weights.write_bytes(bytes(data))
     config = _config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out,
-                     resume_from_checkpoint=str(out / "checkpoint-2"))
+                     resume_from_checkpoint=str(out / "checkpoint-2"), **REWARDED)
     assert run_mappo_from_config(config) == 1
     errors = [line for line in capfd.readouterr().err.splitlines() if "[mappo] error:" in line]
     assert len(errors) == 1, errors
@@ -172,7 +178,7 @@ def test_a_truncated_file_of_a_checkpoint_without_manifest(full_run: Path, tiny_
     damaged = checkpoint / name
     damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
     config = _config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, tmp_path / "run",
-                     resume_from_checkpoint=str(checkpoint))
+                     resume_from_checkpoint=str(checkpoint), **REWARDED)
     assert run_mappo_from_config(config) == 1
     err = capfd.readouterr().err
     assert f"has no {MANIFEST_FILE}" in caplog.text
@@ -215,7 +221,7 @@ def test_two_processes_under_torchrun(ddp_run: Path) -> None:
     assert len(_log(ddp_run)) == 2
 
 
-def test_a_retriever_that_dies_mid_run_saves_and_stops(tiny_model_dir: Path,
+def test_a_retriever_that_dies_mid_run_saves_and_stops(full_run: Path, tiny_model_dir: Path,
                                                        tiny_mappo_data_dir: Path,
                                                        tiny_index_dir: Path,
                                                        tiny_server_url: str,
@@ -223,9 +229,8 @@ def test_a_retriever_that_dies_mid_run_saves_and_stops(tiny_model_dir: Path,
     """The server goes away after step 1: step 2's rollout retries once, then the run saves the
     last completed step as it was before step 2's rollout drew its random numbers, and stops
     with a message saying exactly that. Resumed with a server back, the run is the
-    uninterrupted one: same losses at steps 2 and 3, same final weights. (A Generator penalty
-    for answers over two words makes the tiny model's rewards, and so its losses, depend on
-    what it sampled; without it every reward is 0.)"""
+    uninterrupted one (``full_run``): same losses at steps 2 and 3, same final weights. (Both
+    with ``REWARDED``'s Generator penalty, so that the losses depend on what was sampled.)"""
     import torch
     from safetensors.torch import load_file
     from transformers import TrainerCallback
@@ -233,10 +238,6 @@ def test_a_retriever_that_dies_mid_run_saves_and_stops(tiny_model_dir: Path,
     from mmoa.train.mappo.trainer import TrainingStopped
     from tests.retrieval_fixtures import running_server
 
-    rewarded = {"mappo_generator_max_words": 2}
-    full_run = tmp_path / "uninterrupted"
-    run_mappo(_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, full_run,
-                      **rewarded))
     out = tmp_path / "run"
     with running_server(["--index", str(tiny_index_dir)],
                         log_path=tmp_path / "server.log") as server:
@@ -248,7 +249,7 @@ def test_a_retriever_that_dies_mid_run_saves_and_stops(tiny_model_dir: Path,
 
         config = _config(tiny_model_dir, tiny_mappo_data_dir, server.url, out,
                          save_steps=100, mappo_retriever_retries=1,
-                         mappo_retriever_timeout=5, **rewarded)
+                         mappo_retriever_timeout=5, **REWARDED)
         with pytest.raises(TrainingStopped) as info:
             run_mappo(config, callbacks=[StopServerAfterStepOne()])
     message = str(info.value)
@@ -264,7 +265,7 @@ def test_a_retriever_that_dies_mid_run_saves_and_stops(tiny_model_dir: Path,
 
     run_mappo(_config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out,
                       save_steps=100, resume_from_checkpoint=str(out / "checkpoint-1"),
-                      **rewarded))
+                      **REWARDED))
     full = json.loads((full_run / "trainer_state.json").read_text())["log_history"]
     resumed = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert [h["step"] for h in resumed] == [1, 2, 3]
