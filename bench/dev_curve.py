@@ -19,7 +19,8 @@ The curve needs the checkpoints: train with a ``save_total_limit`` large enough 
 you want on the curve (``save_total_limit: 0`` or unset keeps all), or run this bench with
 ``--follow`` while the run trains, so each checkpoint is evaluated before rotation removes it.
 ``learning_signal.mappo_run`` deletes a run's checkpoints once it has trained (its bench reports
-only the final model): its runs have no curve afterwards; start the run by hand, or follow it.
+only the final model) unless asked to keep them (``side_by_side.py --keep-checkpoints``); else
+start the run by hand, or follow it.
 
 Resumable: each evaluated step is kept in ``<work-dir>/step-<N>/point.json`` with the SHA-256 of
 the weights it evaluated, and a rerun evaluates only what is new (a step whose model's weights
