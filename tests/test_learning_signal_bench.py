@@ -306,3 +306,32 @@ def test_a_baseline_is_paired_with_the_warm_start_and_every_seed(bench, tmp_path
     assert calls == [("sft", "rag", 1)]
     assert again["baselines"]["rag_k1"]["paired"]["mappo_seed3"]["gain"] == 0.0
     assert sorted(again["mappo"]) == ["1", "2", "3"]
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_checkpoints_are_deleted_after_training_unless_kept(bench, tmp_path, monkeypatch, keep):
+    """The final model is in the run's output folder; its ``checkpoint-N`` folders go once it
+    has trained, unless kept for a dev curve (``side_by_side.py --keep-checkpoints``)."""
+    import argparse
+
+    monkeypatch.setattr(bench, "code_version", lambda script: "abc1234")
+
+    def train(config, overrides, log):
+        output = Path(next(o for o in overrides if o.startswith("output_dir="))[11:])
+        for step in (2, 4):
+            (output / f"checkpoint-{step}").mkdir(parents=True)
+        (output / "model.safetensors").write_text("final")
+
+    monkeypatch.setattr(bench, "train", train)
+    monkeypatch.setattr(bench, "evaluate", lambda output, args, eval_dir, base=None: {})
+    monkeypatch.setattr(bench, "summary", lambda metrics, eval_dir: {"f1": 0.5})
+    monkeypatch.setattr(bench, "per_question_f1", lambda eval_dir: {"q1": 0.5})
+    monkeypatch.setattr(bench, "_training_tail", lambda output: {})
+    args = argparse.Namespace(model="tiny", algorithm="ppo", retriever_url="http://x", k=5,
+                              mappo_overrides=[], overrides=[])
+    bench.mappo_run(args, tmp_path, "seed1", 1, "qr,selector,generator", "warm",
+                    keep_checkpoints=keep)
+    output = tmp_path / "seed1" / "mappo"
+    assert (output / "model.safetensors").is_file()
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == (
+        ["checkpoint-2", "checkpoint-4"] if keep else [])
