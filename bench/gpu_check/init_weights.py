@@ -1,12 +1,19 @@
 """Random, seeded weights for a model folder that holds only its config and tokenizer.
 
     python bench/gpu_check/init_weights.py --model DIR --kind causal_lm|encoder [--seed 42]
+        [--device cuda --dtype bfloat16]
 
 The GPU check's bundle cannot carry real weights (SmolLM2's 98 MB GGUF, MiniLM's 88 MB, in a call
 of 64 MiB), so the check runs every stage on the real architectures with random weights: shapes,
-memory and kernels are the real ones, the answers are not. Writes ``DIR/model.safetensors``
-(atomically; the folder's config and tokenizer files are left as they are) and prints the
-parameter count. A folder that already has weights is left alone.
+memory and kernels are the real ones, the answers are not. Writes the weights into ``DIR``
+(``model.safetensors``, or its shards and index where ``save_pretrained`` splits a large model;
+atomically: the files are moved in only once all are written; the folder's config and tokenizer
+files are left as they are) and prints the parameter count. A folder that already has weights is
+left alone.
+
+``--device`` / ``--dtype``: where and in which dtype the weights are made. The recipe-shape check
+(``recipe_shapes.py``) makes Llama-3-8B-sized models on the GPU directly in bf16 (16 GB: seconds
+there, many minutes on a CPU); the default (CPU, float32) is what the check's small models use.
 """
 
 from __future__ import annotations
@@ -15,26 +22,52 @@ import argparse
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+#: Files of the folder that ``save_pretrained`` rewrites but that belong to the folder (its own
+#: config and generation config stay as they were written).
+KEPT_FILES = frozenset({"config.json", "generation_config.json"})
+DTYPES = ("float32", "bfloat16", "float16")
 
-def init_weights(model_dir: Path, kind: str, seed: int) -> int:
+
+def has_weights(model_dir: Path) -> bool:
+    return (model_dir / "model.safetensors").is_file() or \
+        (model_dir / "model.safetensors.index.json").is_file()
+
+
+def init_weights(model_dir: Path, kind: str, seed: int, device: str = "cpu",
+                 dtype: str = "float32") -> int:
+    """The folder's model with random weights from ``seed``, made on ``device`` in ``dtype``
+    and saved there; its parameter count, or -1 when the folder already had weights."""
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-    if (model_dir / "model.safetensors").is_file():
+    if has_weights(model_dir):
         return -1
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {DTYPES}")
     config = AutoConfig.from_pretrained(str(model_dir))
-    torch.manual_seed(seed)
+    torch.manual_seed(seed)  # every device's generator (CUDA's too)
     factory = AutoModelForCausalLM if kind == "causal_lm" else AutoModel
-    model = factory.from_config(config, dtype=torch.float32)
+    with torch.device(device):
+        model = factory.from_config(config, dtype=getattr(torch, dtype))
+    count = sum(p.numel() for p in model.parameters())
+    if device != "cpu":
+        model.to("cpu")  # safetensors writes host memory
     with tempfile.TemporaryDirectory(dir=model_dir, prefix=".init_") as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
-        weights = Path(tmp) / "model.safetensors"
-        if not weights.is_file():
-            raise RuntimeError(f"save_pretrained wrote no model.safetensors in {tmp}")
-        shutil.move(str(weights), model_dir / "model.safetensors")
-    return sum(p.numel() for p in model.parameters())
+        written = [p for p in Path(tmp).iterdir()
+                   if p.suffix == ".safetensors" or p.name == "model.safetensors.index.json"]
+        if not any(p.suffix == ".safetensors" for p in written):
+            raise RuntimeError(f"save_pretrained wrote no safetensors file in {tmp}")
+        # the shards first, the file that names them (or the single file) last: a folder
+        # interrupted here has no index and so no weights, and is made again
+        for path in sorted(written, key=lambda p: p.name in ("model.safetensors",
+                                                             "model.safetensors.index.json")):
+            if path.name not in KEPT_FILES:
+                shutil.move(str(path), model_dir / path.name)
+    return count
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", choices=("causal_lm", "encoder"), required=True,
                         action="append", help="one per --model")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--device", default="cpu", help="where the weights are made (cpu, "
+                        "cuda, cuda:1 ...; default cpu)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="dtype of the weights made and saved (default float32)")
     args = parser.parse_args(argv)
     if len(args.model) != len(args.kind):
         parser.error("give one --kind per --model")
@@ -51,8 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         if not (model_dir / "config.json").is_file():
             print(f"init_weights.py: error: {model_dir} has no config.json", file=sys.stderr)
             return 2
-        n = init_weights(model_dir, kind, args.seed)
-        state = "kept (weights already there)" if n < 0 else f"{n / 1e6:.1f}M parameters"
+        started = time.time()
+        n = init_weights(model_dir, kind, args.seed, args.device, args.dtype)
+        state = "kept (weights already there)" if n < 0 else \
+            f"{n / 1e6:.1f}M parameters ({args.dtype} on {args.device}, " \
+            f"{time.time() - started:.1f} s)"
         print(f"[init_weights] {model_dir} ({kind}): {state}")
     return 0
 

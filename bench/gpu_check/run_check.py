@@ -49,6 +49,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import recipe_shapes  # a sibling module: the recipe-shape stages
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PROBE_DIR = HERE / "probe"
@@ -555,6 +558,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("toa", 6, True, ("server",), toa_cmd, toa_details),
     *(Stage(f"eval_{mode}", 2.5, True, ("server",), eval_cmd(mode), eval_details(mode))
       for mode in EVAL_MODES),
+    # the 8B recipes at their real shape (recipe_shapes.py): <shape>_model, _sft, _mappo, _grpo
+    *(Stage(**spec) for spec in recipe_shapes.stage_specs()),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 #: What a run without ``--stages`` runs: every stage but the optional benchmark.
@@ -1047,8 +1052,21 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         help="install the bundle's wheels (auto: when it has some)")
     parser.add_argument("--stages", default=None,
                         help="comma-separated stages (each brings the stages it needs) of: "
-                        f"{','.join(STAGE_NAMES)}; default: all but bench_mappo_step, the "
-                        "MAPPO step benchmark with each KV cache (about 3 minutes on an H200)")
+                        f"{','.join(STAGE_NAMES)}; default: all but the optional ones: "
+                        "bench_mappo_step, the MAPPO step benchmark with each KV cache (about 3 "
+                        "minutes on an H200), and the <shape>_* stages (recipe_shapes.py)")
+    parser.add_argument("--shape-scale", choices=tuple(recipe_shapes.SCALES), default=None,
+                        help="the <shape>_* stages (the 8B recipes at their real shape, "
+                        "recipe_shapes.py): full (default on cuda) or mini (the dry run's "
+                        "miniature: same vocabulary and layer types, tiny width)")
+    parser.add_argument("--shape-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a key of the real config for the <shape>_mappo/_grpo stages "
+                        "(after the scale's), e.g. mappo_questions_per_rollout=16; repeatable")
+    parser.add_argument("--sweep-questions", default=None, metavar="Q1,Q2,...",
+                        help="questions per rollout tried by <shape>_mappo's sweep (default "
+                        "32,...,1024 on cuda); empty: no sweep")
+    parser.add_argument("--sweep-budget-s", type=float, default=None,
+                        help="seconds for that sweep (default 100 on cuda)")
     parser.add_argument("--bench-set", action="append", default=[], metavar="KEY=VALUE",
                         help="a MAPPO option for the bench_mappo_step stage (its --set), e.g. "
                         "mappo_forward_batch_size=48; repeatable")

@@ -5,9 +5,10 @@ Python then imports this module at start-up in every process (trainers, the retr
 gunicorn worker, data builders, evaluations). Each process writes
 ``<probe dir>/<pid>.json``: its stage (``MMOA_GPU_CHECK_STAGE``), command line, whether CUDA was
 initialised, the device's name and ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``
-peaks, and the top-level modules it imported (the bundle's import closure is checked against
-them). The record is rewritten every few seconds by a daemon thread (so a process killed at its
-stage's deadline still leaves one) and once more at exit. Without the environment variable this
+peaks (with the card's total memory and the allocator's retry and out-of-memory counts), and
+the top-level modules it imported (the bundle's import closure is checked against them). The
+record is rewritten every few seconds by a daemon thread (so a process killed at its stage's
+deadline still leaves one) and once more at exit. Without the environment variable this
 module does nothing but hand over to any other ``sitecustomize`` further down ``sys.path``.
 """
 
@@ -41,6 +42,12 @@ def _cuda_record() -> dict:
         record["device_name"] = cuda.get_device_name(device)
         record["max_memory_allocated"] = int(cuda.max_memory_allocated(device))
         record["max_memory_reserved"] = int(cuda.max_memory_reserved(device))
+        # how close the process came to the card's limit: its size, and how often the
+        # caching allocator had to free its cache and retry, or failed (recipe_shapes.py)
+        record["total_memory"] = int(cuda.get_device_properties(device).total_memory)
+        stats = cuda.memory_stats(device)
+        record["num_alloc_retries"] = int(stats.get("num_alloc_retries", 0))
+        record["num_ooms"] = int(stats.get("num_ooms", 0))
     except Exception as err:  # a forked child of a CUDA parent, a driver error: say so
         record["cuda_error"] = f"{type(err).__name__}: {err}"
     return record
