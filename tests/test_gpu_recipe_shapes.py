@@ -236,3 +236,36 @@ def test_recipe_shape_stages_dry_run(shape_dry_run: dict) -> None:
     assert rows["llama3_8b_mappo"].step_s > 0 and rows["llama3_8b_mappo"].steps_per_hour > 0
     for name in SHAPE_DRY_STAGES:  # on the CPU no process touched CUDA
         assert stages[name]["details"]["cuda_processes"] == [], name
+
+
+# --------------------------------------------------------------------------------------------
+# what the dry run found: a stop id beyond the model's logits (Llama-3-8B-Instruct + llama3)
+
+
+class _ToyTokenizer:
+    """Five pieces and two stop ids, one of them (6) beyond a 6-wide logits row, as
+    ``<|eom_id|>`` (128256) is beyond Llama-3-8B-Instruct's 128,256 logits."""
+
+    pieces = ("Document", "0", "1", ",", "x", "<eot>", "<eom>")
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(self.pieces[i] for i in ids)
+
+
+def test_selector_mask_leaves_out_stop_ids_the_model_cannot_emit() -> None:
+    import torch
+
+    from mmoa.agents.constrained import SelectorLogitsProcessor
+
+    processor = SelectorLogitsProcessor(_ToyTokenizer(), k=2, prompt_length=1,
+                                        stop_token_ids=[5, 6])
+    prompt_then_document0 = torch.tensor([[4, 0, 1]])  # "x" then "Document0": complete
+    masked = processor(prompt_then_document0, torch.zeros(1, 6))  # no IndexError
+    assert masked[0, 5] == 0 and masked[0, 3] == 0  # stop, or ",Document1" next
+    assert masked[0, 4] == float("-inf")
+    assert processor.support([0, 1, 5]) == [[0, 5], [1, 2], [3, 5]]  # never 6
+    # a response that ends at the id beyond the logits still ends (the stop set keeps it)
+    assert processor._allowed_after([0, 1, 6]) is None

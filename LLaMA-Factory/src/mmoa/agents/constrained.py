@@ -112,6 +112,9 @@ class SelectorLogitsProcessor(LogitsProcessor):
         self.stop_token_ids = list(stop_token_ids)
         self._stop_set = set(self.stop_token_ids)
         self.candidates = _candidate_tokens(tokenizer)
+        #: the logits' width the allowed sets were cut to (:meth:`_fit_width`)
+        self._width: int | None = None
+        self._all_stop_ids, self._all_candidates = list(self.stop_token_ids), self.candidates
         # Rows of a batch, and the same row at later steps of other batches, keep reaching the
         # same few texts ("", "Document", "Document0,", ...): each is checked against the
         # candidate tokens once per processor, not once per row and step.
@@ -163,7 +166,20 @@ class SelectorLogitsProcessor(LogitsProcessor):
         # cannot be empty for a valid prefix; never leave a row without a choice
         return self.allowed_tokens(text) or list(self.stop_token_ids)
 
+    def _fit_width(self, width: int) -> None:
+        """Leave out of every allowed set the ids the model cannot emit: its logits are
+        ``width`` wide, and a tokenizer can hold more ids (LLaMA-Factory's ``llama3`` template
+        adds ``<|eom_id|>`` as a stop word, id 128256, to Llama-3-8B-Instruct's tokenizer, whose
+        embedding has 128,256 rows). The stop set that ends a response keeps every id."""
+        if self._width == width:
+            return
+        self._width = width
+        self.stop_token_ids = [i for i in self._all_stop_ids if i < width]
+        self.candidates = tuple(c for c in self._all_candidates if c[0] < width)
+        self._allowed_by_text.clear()
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self._fit_width(scores.shape[-1])
         mask = torch.full_like(scores, float("-inf"))
         for row in range(input_ids.shape[0]):
             allowed = self._allowed_after(input_ids[row, self.prompt_length:].tolist())
