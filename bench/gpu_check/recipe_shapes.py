@@ -449,6 +449,32 @@ def sweep_rollouts(trainer: Any, questions: list[int], budget_s: float, cache: s
             "stopped": stopped}
 
 
+def sweep_vs_steps(sweep: dict[str, Any], per_cache: dict[str, dict[str, Any]],
+                   rollout_batch: int) -> dict[str, Any]:
+    """The sweep's cache against the steps' caches, per response token, at the steps' own
+    generate batch (the sweep's row with ``rollout_batch`` rows a generate call), and the step
+    time the sweep's cache would give (the steps' score and update, that generate)."""
+    row = next((r for r in sweep["rows"] if r["status"] == "ok"
+                and r["rows_per_generate"] == rollout_batch and r["response_tokens"]), None)
+    if row is None:
+        return {}
+    per_token = row["generate_s"] / row["response_tokens"]
+    out: dict[str, Any] = {"sweep_cache_at_recipe_batch": {
+        "cache": sweep["cache"], "rows_per_generate": rollout_batch,
+        "generate_s_per_response_token": round(per_token, 5),
+        "rollout_tokens_per_s": row["rollout_tokens_per_s"]}}
+    for cache, figures in per_cache.items():
+        if cache == sweep["cache"] or not figures["response_tokens_per_step"]:
+            continue
+        theirs = figures["phases_s"]["generate"] / figures["response_tokens_per_step"]
+        out["sweep_cache_at_recipe_batch"][f"generate_speedup_{cache}"] = round(
+            per_token / theirs, 3) if theirs > 0 else None
+        out["sweep_cache_at_recipe_batch"][f"step_s_estimate_vs_{cache}"] = round(
+            figures["mappo_step_s"] - figures["phases_s"]["generate"]
+            + per_token * figures["response_tokens_per_step"], 3)
+    return out
+
+
 def run_rl(args: argparse.Namespace) -> dict[str, Any]:
     """MAPPO (or GRPO) at the shape: ``bench/mappo_step.py``'s measured steps on one trainer,
     each KV cache in turn, then :func:`sweep_rollouts`."""
@@ -491,8 +517,10 @@ def run_rl(args: argparse.Namespace) -> dict[str, Any]:
                          / mappo_step._generate_per_token(figures), 3)
             for cache, figures in per_cache.items() if cache != "dynamic"}
     if args.sweep:
-        result["sweep"] = sweep_rollouts(trainer, args.sweep, args.sweep_budget_s,
-                                         args.sweep_cache)
+        sweep = result["sweep"] = sweep_rollouts(trainer, args.sweep, args.sweep_budget_s,
+                                                 args.sweep_cache)
+        result.update(sweep_vs_steps(sweep, per_cache,
+                                     trainer.mappo_args.mappo_rollout_batch_size))
     import torch
 
     if torch.cuda.is_available():
@@ -526,13 +554,16 @@ class ShapeScale:
 
 #: The GPU: the recipes as they are (LoRA rank 8 on all linear layers, micro-batch 4 x 8
 #: accumulation, 32 MAPPO questions = 96 samples, 8 x 4 GRPO pipelines, K = 10, 100 / 32 / 100
-#: new tokens); a few steps, no checkpoints, fewer data-loading workers.
+#: new tokens); a few steps, no checkpoints, fewer data-loading workers. MAPPO's steps use the
+#: static KV cache (the default on CUDA; one warm-up step with the compilation, one measured);
+#: the dynamic cache is measured by the sweep's first row, a rollout with the recipe's own
+#: generate batch (16 rows), which costs far less than two more full steps.
 FULL = ShapeScale(
     "full",
     sft=("max_steps=4", "logging_steps=1", "save_steps=100000", "preprocessing_num_workers=4",
          "dataloader_num_workers=2", "include_num_input_tokens_seen=true"),
-    mappo=(), grpo=(), steps=1, mappo_caches="static,dynamic", grpo_caches="static",
-    sweep=(32, 64, 128, 256, 512, 1024), sweep_budget_s=100.0)
+    mappo=(), grpo=(), steps=1, mappo_caches="static", grpo_caches="static",
+    sweep=(16, 32, 64, 128, 256, 512, 1024), sweep_budget_s=75.0)
 #: The CPU dry run: the same stages, a miniature model, one or two questions, a few tokens.
 _MINI_RL = ("per_device_train_batch_size=2", "gradient_accumulation_steps=1", "ppo_epochs=1",
             "mappo_max_new_tokens_qr=8", "mappo_max_new_tokens_selector=6",
