@@ -25,7 +25,7 @@
 #   MMOA_VERBOSE  1: the libraries' INFO lines (model configs, file loading) on the console too;
 #                 by default they go to library.log in each run's output folder
 # Stage 1 runs setup_env.sh (the .venv); its own knobs (MMOA_VENV, MMOA_EXTRAS, ...) are listed
-# at the top of that script.
+# at the top of that script. MMOA_SETUP=0 skips it: the python and mmoa-cli on PATH are used.
 set -euo pipefail
 if [[ $# -gt 0 ]]; then
   if [[ "$1" == "-h" || "$1" == "--help" ]]; then
@@ -89,9 +89,15 @@ trap cleanup EXIT
 trap 'echo "[demo] interrupted" >&2; exit 130' INT TERM
 
 stage 1 "environment"
-bash setup_env.sh
-# shellcheck disable=SC1091
-source .venv/bin/activate
+if [[ "${MMOA_SETUP:-1}" == 0 ]]; then
+  # a machine whose interpreter already has the stack (the GPU machine:
+  # bench/gpu_check/demo_on_device.sh); python and mmoa-cli must be on PATH
+  echo "[demo] MMOA_SETUP=0: no .venv, the packages of $(command -v python)"
+else
+  bash setup_env.sh
+  # shellcheck disable=SC1091
+  source .venv/bin/activate
+fi
 mkdir -p "$OUT"
 
 # Mixed precision where the hardware computes it natively: bf16 autocast on a GPU with bf16 or
