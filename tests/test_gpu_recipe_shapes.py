@@ -223,6 +223,9 @@ def test_recipe_shape_stages_dry_run(shape_dry_run: dict) -> None:
         assert all(v >= 0 for v in phases.values()) and phases["generate"] > 0
         assert figures["mappo_step_s"] > 0 and figures["rollout_tokens_per_s"] > 0
         assert figures["steps_per_hour"] > 0 and figures["response_tokens_per_step"] > 0
+    compared = mappo["sweep_cache_at_recipe_batch"]  # the sweep's row of the steps' batch
+    assert compared["cache"] == "dynamic" and compared["rows_per_generate"] == 2
+    assert compared["generate_speedup_static"] > 0 and compared["step_s_estimate_vs_static"] > 0
     sweep = mappo["sweep"]
     ok = [r for r in sweep["rows"] if r["status"] == "ok"]
     assert ok and ok[0]["questions"] == 1 and sweep["largest_fitting_questions"] >= 1

@@ -684,9 +684,11 @@ def sft_figures(output_dir: Path) -> dict[str, Any]:
     if path.is_file():
         for line in path.read_text().splitlines():
             try:
-                log.append(json.loads(line))
+                record = json.loads(line)
             except ValueError:
                 continue
+            if record.get("loss") is not None:  # a step's line (not the closing summary)
+                log.append(record)
     out: dict[str, Any] = {"steps_logged": len(log)}
     results = output_dir / "train_results.json"
     if results.is_file():
