@@ -18,7 +18,9 @@ check builds): SFT through ``run_sft.sh``; MAPPO and GRPO through the trainer's 
 ``bench/mappo_step.py`` runs it (one model load: each KV cache in turn, the phases generate /
 retrieve / score / update, rollout tokens per second), and after MAPPO's steps a sweep of the
 rollout batch (``mappo_questions_per_rollout`` questions generated together) up to the largest
-that fits, bounded in time. Peak CUDA memory comes from the check's per-process probe.
+that fits, bounded in time. Peak CUDA memory: the check's per-process probe, and for MAPPO /
+GRPO the steps' own peak (``steps_memory``: the bench resets CUDA's peak before each step, so
+the probe's last record holds only the last phase's).
 
 Random weights never stop early: every turn writes its full token budget (100 / 32 / 100 new
 tokens), so generation time and KV memory are **upper bounds** of a trained model's. The demo
@@ -367,6 +369,17 @@ def _cuda_peaks() -> dict[str, float] | None:
             "max_reserved_mib": round(torch.cuda.max_memory_reserved() / MIB, 1)}
 
 
+def _steps_memory() -> dict[str, float] | None:
+    """What the caching allocator holds right after the measured steps (it never gives memory
+    back unless emptied, so this is what the steps reserved) and the card's size."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return {"reserved_after_steps_mib": round(torch.cuda.memory_reserved() / MIB, 1),
+            "device_total_mib": round(torch.cuda.get_device_properties(0).total_memory / MIB)}
+
+
 def _reset_peaks() -> None:
     import torch
 
@@ -489,7 +502,7 @@ def run_rl(args: argparse.Namespace) -> dict[str, Any]:
     started = time.time()
     _reset_peaks()
     runs, warmups, trainer = mappo_step.run_mappo_steps(bench_args)
-    steps_peaks = _cuda_peaks()
+    steps_memory = _steps_memory()
     per_cache = {}
     for cache, logs in runs.items():
         figures = {**mappo_step.summarise(logs, bench_args.skip_baseline),
@@ -508,7 +521,12 @@ def run_rl(args: argparse.Namespace) -> dict[str, Any]:
         "mini_batch_size": trainer.ppo_config.mini_batch_size,
         "forward_batch_size": trainer.ppo_config.forward_batch_size,
         "precision": args.precision, "measured_steps": args.steps,
-        "generation_caches": per_cache, "steps_cuda_peak": steps_peaks,
+        "generation_caches": per_cache,
+        # the bench resets CUDA's peak before every step (so does the sweep before every row):
+        # the steps' own peak, and what the allocator held after them, are these
+        "steps_memory": steps_memory and {
+            **steps_memory, "max_step_allocated_mib": max(
+                (f["peak_step_gpu_mb"] or 0.0 for f in per_cache.values()), default=None)},
         "steps_wall_s": round(time.time() - started, 1),
     }
     if "dynamic" in per_cache and len(per_cache) > 1:
@@ -789,6 +807,10 @@ def plan_rows(summary: dict[str, Any]) -> list[PlanRow]:
             row.step_s = details["sft"].get("step_s_after_first") or \
                 details["sft"].get("step_s_with_first")
         recipe = details.get("recipe") or {}
+        memory = recipe.get("steps_memory") or {}
+        if memory.get("max_step_allocated_mib"):  # the steps' own peak (see run_rl)
+            row.peak_allocated_gib = round(memory["max_step_allocated_mib"] / 1024, 1)
+            row.peak_reserved_gib = round(memory["reserved_after_steps_mib"] / 1024, 1)
         caches = recipe.get("generation_caches") or {}
         for cache in ("static", "dynamic"):
             if cache in caches:
