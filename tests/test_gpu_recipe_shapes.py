@@ -265,6 +265,9 @@ def test_selector_mask_leaves_out_stop_ids_the_model_cannot_emit() -> None:
 
     processor = SelectorLogitsProcessor(_ToyTokenizer(), k=2, prompt_length=1,
                                         stop_token_ids=[5, 6])
+    opening = processor(torch.tensor([[4]]), torch.zeros(1, 6))  # the first response token
+    assert opening[0, 0] == 0 and opening[0, 5] == 0  # "Document", or stop (select nothing)
+    assert processor.opening_stop_probability == [pytest.approx(0.5)]
     prompt_then_document0 = torch.tensor([[4, 0, 1]])  # "x" then "Document0": complete
     masked = processor(prompt_then_document0, torch.zeros(1, 6))  # no IndexError
     assert masked[0, 5] == 0 and masked[0, 3] == 0  # stop, or ",Document1" next

@@ -196,7 +196,7 @@ class SelectorLogitsProcessor(LogitsProcessor):
         """How much the first position's masked distribution puts on stopping (selecting
         nothing). A Selector sampled at a low temperature can keep writing documents while
         this mass grows, until the greedy Selector of evaluation selects nothing at all."""
-        stops = torch.tensor(sorted(self._stop_set), device=masked.device)
+        stops = torch.tensor(sorted(set(self.stop_token_ids)), device=masked.device)
         probabilities = torch.softmax(masked.float(), dim=-1)
         self.opening_stop_probability = probabilities[:, stops].sum(dim=-1).tolist()
         self.opening_greedy_stop = torch.isin(masked.argmax(dim=-1), stops).tolist()
