@@ -36,9 +36,11 @@ import run_check  # noqa: E402
 #: tests/test_mappo_deepspeed.py). test_the_left_out_stages_are_kept_stages_commands checks
 #: that they are.
 LEFT_OUT = ("eval_g", "eval_s_g", "eval_qr_g", "eval_rag", "mappo_grpo")
-#: The 8B recipes at their real shape have their own miniature dry run
-#: (tests/test_gpu_recipe_shapes.py).
+#: The 8B recipes at their real shape run in the same dry run as miniatures (Llama-3-8B's only:
+#: Qwen2.5-7B's stages are the same code with another config, checked by
+#: tests/test_gpu_recipe_shapes.py), sharing its world, index and server.
 SHAPE_STAGES = tuple(spec["name"] for spec in recipe_shapes.stage_specs())
+SHAPE_DRY_STAGES = ("llama3_8b_model", "llama3_8b_sft", "llama3_8b_mappo", "llama3_8b_grpo")
 DRY_STAGES = [s for s in run_check.STAGE_NAMES if s not in LEFT_OUT and s not in SHAPE_STAGES]
 
 
@@ -254,22 +256,24 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert pack.main(["--no-wheels", "--out", str(bundle)]) == 0
     result = subprocess.run(
         [sys.executable, str(GPU_CHECK / "run_check.py"), "--dry-run", "--bundle", str(bundle),
-         "--out", str(out), "--work", str(work), "--stages", ",".join(DRY_STAGES),
+         "--out", str(out), "--work", str(work), "--stages",
+         ",".join([*DRY_STAGES, *SHAPE_DRY_STAGES]),
          "--bench-set", "mappo_forward_batch_size=3",
-         "--deadline", "1400"],
-        cwd=ROOT, capture_output=True, text=True, timeout=1500, check=False)
+         "--deadline", "2000"],
+        cwd=ROOT, capture_output=True, text=True, timeout=2100, check=False)
     summary = json.loads((out / "gpu_check_summary.json").read_text())
     return {"rc": result.returncode, "stdout": result.stdout, "stderr": result.stderr,
             "summary": summary, "out": out, "work": work, "bundle": bundle}
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1600)
+@pytest.mark.timeout(2200)
 def test_dry_run_runs_every_stage_on_the_cpu(dry_run: dict) -> None:
     summary = dry_run["summary"]
     stages = {s["name"]: s for s in summary["stages"]}
     assert dry_run["rc"] == 0, (dry_run["stdout"][-5000:], summary["not_ok"])
-    assert list(stages) == ["setup", *DRY_STAGES]
+    assert [s for s in stages if s not in SHAPE_DRY_STAGES] == ["setup", *DRY_STAGES]
+    assert set(SHAPE_DRY_STAGES) <= set(stages)
     assert summary["ok"] and summary["device"] == "cpu" and summary["model"] == "tiny"
     assert all(s["status"] == "ok" for s in stages.values()), summary["not_ok"]
     for name in ("sft", "mappo_ppo", "search_agent", "decision_agent", "retriever_rl"):
@@ -319,7 +323,7 @@ def test_dry_run_runs_every_stage_on_the_cpu(dry_run: dict) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1600)
+@pytest.mark.timeout(2200)
 def test_the_bundle_closure_covers_what_the_stages_imported(dry_run: dict) -> None:
     """Everything the dry run's processes imported that the machine would need is in the
     closure pack.py computes from its entry modules, except the optional extras installed here
@@ -342,3 +346,49 @@ def test_the_bundle_closure_covers_what_the_stages_imported(dry_run: dict) -> No
                  "omegaconf", "torchdata", "multiprocess", "dill", "fsspec"):
         assert name in packed_static, name
     assert not any(pack.NEVER_PACKED.match(name) for name in packed_static)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2200)
+def test_recipe_shape_stages_dry_run(dry_run: dict) -> None:
+    summary = dry_run["summary"]
+    stages = {s["name"]: s for s in summary["stages"]}
+    assert dry_run["rc"] == 0, (dry_run["stdout"][-4000:], summary["not_ok"])
+    for name in SHAPE_DRY_STAGES:
+        assert stages[name]["status"] == "ok", name
+        assert stages[name]["details"]["shape_scale"] == "mini"
+    model = stages["llama3_8b_model"]["details"]["model"]
+    assert model["config"]["vocab_size"] == 128256 == model["tokenizer_size"]
+    assert model["config"]["num_hidden_layers"] == 2 and model["template"] == "llama3"
+    assert model["published_parameters"] == 8_030_261_248 > model["num_parameters"] > 0
+    sft = stages["llama3_8b_sft"]["details"]["sft"]
+    assert sft["steps_logged"] == 2 and sft["tokens_per_step"] > 0
+    assert sft["train_results"]["train_runtime"] > 0 and sft["steps_per_hour"] > 0
+    assert stages["llama3_8b_sft"]["command"][2].endswith("examples/real/llama3_lora_sft.yaml")
+    mappo = stages["llama3_8b_mappo"]["details"]["recipe"]
+    assert mappo["config"].endswith("examples/real/llama3_lora_mappo.yaml")
+    assert mappo["algorithm"] == "ppo" and mappo["questions_per_step"] == 2
+    assert mappo["samples_per_step"] == 6
+    assert set(mappo["generation_caches"]) == {"static", "dynamic"}
+    for figures in mappo["generation_caches"].values():
+        phases = figures["phases_s"]
+        assert set(phases) >= {"generate", "retrieve", "score", "update"}
+        assert all(v >= 0 for v in phases.values()) and phases["generate"] > 0
+        assert figures["mappo_step_s"] > 0 and figures["rollout_tokens_per_s"] > 0
+        assert figures["steps_per_hour"] > 0 and figures["response_tokens_per_step"] > 0
+    compared = mappo["sweep_cache_at_recipe_batch"]  # the sweep's row of the steps' batch
+    assert compared["cache"] == "dynamic" and compared["rows_per_generate"] == 2
+    assert compared["generate_speedup_static"] > 0 and compared["step_s_estimate_vs_static"] > 0
+    sweep = mappo["sweep"]
+    ok = [r for r in sweep["rows"] if r["status"] == "ok"]
+    assert ok and ok[0]["questions"] == 1 and sweep["largest_fitting_questions"] >= 1
+    assert all(r["rollout_s"] > 0 and r["response_tokens"] > 0 for r in ok)
+    grpo = stages["llama3_8b_grpo"]["details"]["recipe"]
+    assert grpo["algorithm"] == "grpo" and grpo["samples_per_step"] == 6  # 1 question x 2 x 3
+    assert "sweep" not in grpo
+    # the planning table reads every row from the summary
+    rows = {row.recipe: row for row in recipe_shapes.plan_rows(summary)}
+    assert set(rows) == {"llama3_8b_sft", "llama3_8b_mappo", "llama3_8b_grpo"}
+    assert rows["llama3_8b_mappo"].step_s > 0 and rows["llama3_8b_mappo"].steps_per_hour > 0
+    for name in SHAPE_DRY_STAGES:  # on the CPU no process touched CUDA
+        assert stages[name]["details"]["cuda_processes"] == [], name

