@@ -24,8 +24,10 @@
 #                 or "fp32"
 #   MMOA_VERBOSE  1: the libraries' INFO lines (model configs, file loading) on the console too;
 #                 by default they go to library.log in each run's output folder
+#   MMOA_SETUP    0: skip stage 1's set-up and use the python and mmoa-cli on PATH (a machine
+#                 whose packages are installed already, e.g. the GPU check's device)
 # Stage 1 runs setup_env.sh (the .venv); its own knobs (MMOA_VENV, MMOA_EXTRAS, ...) are listed
-# at the top of that script. MMOA_SETUP=0 skips it: the python and mmoa-cli on PATH are used.
+# at the top of that script.
 set -euo pipefail
 if [[ $# -gt 0 ]]; then
   if [[ "$1" == "-h" || "$1" == "--help" ]]; then

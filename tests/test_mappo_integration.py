@@ -434,7 +434,8 @@ def test_abort_mid_rollout_discards_the_step_and_resumes_exactly(
 
     monkeypatch.setattr(MappoTrainer, "_before_generate", before_generate)
     out = tmp_path / "run"
-    config = _config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out, save_steps=100)
+    config = _config(tiny_model_dir, tiny_mappo_data_dir, tiny_server_url, out, save_steps=100,
+                     **REWARDED)  # as full_run, which the resumed run is compared with
     previous = signal.getsignal(signal.SIGABRT)
     with pytest.raises(TrainingInterrupted) as stopped:
         run_mappo(config)
