@@ -693,20 +693,26 @@ def _json_details(path_of: Callable[[Any], Path], key: str
     return after
 
 
+def trainer_log_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``trainer_log.jsonl`` (none where it is missing); a line cut off by a
+    stopped run is passed over. One reader for this module's and run_check.py's stages."""
+    records = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    return records
+
+
 def sft_figures(output_dir: Path) -> dict[str, Any]:
     """LLaMA-Factory's own figures of an SFT run: its trainer log per step and its
     train_results.json; the steady step time from the log's elapsed times (whole seconds)
     after the first step."""
-    log = []
-    path = output_dir / "trainer_log.jsonl"
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if record.get("loss") is not None:  # a step's line (not the closing summary)
-                log.append(record)
+    # a step's line has a loss (the closing summary does not)
+    log = [record for record in trainer_log_records(output_dir / "trainer_log.jsonl")
+           if record.get("loss") is not None]
     out: dict[str, Any] = {"steps_logged": len(log)}
     results = output_dir / "train_results.json"
     if results.is_file():

@@ -493,16 +493,10 @@ def bench_step_details(run: Run, result: StageResult) -> None:
 
 def train_log_details(folder: str):
     def after(run: Run, result: StageResult) -> None:
-        path = run.saves(folder) / "trainer_log.jsonl"
-        lines = []
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                lines.append({k: v for k, v in record.items()
-                              if isinstance(v, int | float) and not isinstance(v, bool)})
+        lines = [{k: v for k, v in record.items()
+                  if isinstance(v, int | float) and not isinstance(v, bool)}
+                 for record in recipe_shapes.trainer_log_records(
+                     run.saves(folder) / "trainer_log.jsonl")]
         result.details["train_log"] = lines
         result.details["steps_logged"] = len(lines)
         result.details["model_written"] = (run.saves(folder) / "config.json").is_file() or \
