@@ -7,6 +7,7 @@ with its Llama-3-style tokenizer (``template: llama3``), made in a few seconds o
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,30 +19,52 @@ from mmoa_demo.world import (
     write_demo_world,
 )
 
-#: The xdist group of tests that share the session's two-process DDP run (``ddp_run``).
-DDP_RUN_GROUP = "ddp_run"
+#: The modules whose tests share the session's two-process DDP run (``ddp_run``): one xdist
+#: group, so that run is made once. Listed here because the scheduler, in the controller, sees
+#: only test ids; the collection checks the list against the tests that use the fixture.
+DDP_RUN_MODULES = frozenset({"tests/test_mappo_deepspeed.py", "tests/test_mappo_integration.py"})
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def xdist_group(nodeid: str) -> str:
+    """The pytest-xdist group of a test: its module, or ``ddp_run`` for the modules that share
+    that run. A group runs whole on one worker, so a module's fixtures are built once."""
+    module = _module(nodeid)
+    return "ddp_run" if module in DDP_RUN_MODULES else module
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with :func:`xdist_group` as the grouping, decided here rather than by
+    ``xdist_group`` marks: pytest-xdist 3.8 puts a mark's group into the test id through an
+    attribute pytest 9 no longer reads, so every test became its own group and module-scoped
+    fixtures (the GPU-check dry run, the distractor chain) were built on both workers."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return ModuleGroupScheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Order and group the suite for ``run_tests.sh``'s two pytest-xdist workers.
-
-    Each module is one xdist group (``--dist loadgroup``), so its module-scoped fixtures (a web
-    UI, a browser, a ZeRO run) are built once, on one worker; the modules whose tests use the
-    shared DDP run (``ddp_run``) form one group, so that run is made once. Modules with a slow
-    test go first, each kept whole: the workers take groups in this order, so the long ones
-    start early instead of leaving one worker alone at the end. Without xdist the order is the
-    only effect."""
-    def module(item: pytest.Item) -> str:
-        return item.nodeid.split("::", 1)[0]
-
-    with_ddp_run = {module(item) for item in items
+    """Order the suite for ``run_tests.sh``'s two pytest-xdist workers (grouped by
+    :func:`xdist_group`): modules with a slow test go first, each kept whole, so the workers
+    take the long groups early instead of leaving one worker alone at the end. Without xdist
+    the order is the only effect."""
+    with_ddp_run = {_module(item.nodeid) for item in items
                     if "ddp_run" in getattr(item, "fixturenames", ())}
-    for item in items:
-        group = DDP_RUN_GROUP if module(item) in with_ddp_run else module(item)
-        item.add_marker(pytest.mark.xdist_group(group))
-    slow_modules = {module(item) for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: module(item) not in slow_modules)  # stable: modules stay whole
+    if not with_ddp_run <= DDP_RUN_MODULES:
+        raise pytest.UsageError(f"tests/conftest.py: add {sorted(with_ddp_run - DDP_RUN_MODULES)} "
+                                "to DDP_RUN_MODULES (they use the shared ddp_run)")
+    slow_modules = {_module(item.nodeid) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: _module(item.nodeid) not in slow_modules)  # stable: whole modules
 
 
 #: Small enough to build in about a second, big enough to have every kind of question.

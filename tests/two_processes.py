@@ -71,7 +71,21 @@ def run_on_two_processes(scenarios: dict[str, Scenario],
                          out: Path) -> dict[str, list[Any]]:
     """Every scenario on both processes, in order, a barrier after each: ``{name: [rank 0,
     rank 1]}``. The scenarios must be module-level functions (the spawned workers import them
-    by name). A worker's exception fails the caller with the workers' tracebacks."""
+    by name). A worker's exception fails the caller with the workers' tracebacks. A worker
+    killed by a signal (once in CI: gloo's C++ side aborted with "terminate called without an
+    active exception", a crash of the launcher, not of the code under test) is retried once on
+    a new port; a second death fails."""
+    try:
+        return _launch(scenarios, out / "try1")
+    except mp.ProcessExitedException as err:
+        if err.signal_name is None:
+            raise
+        print(f"[two_processes] {err}: retrying once on a new port")
+        return _launch(scenarios, out / "try2")
+
+
+def _launch(scenarios: dict[str, Scenario], out: Path) -> dict[str, list[Any]]:
+    out.mkdir(parents=True)
     context = mp.start_processes(_worker, args=(free_port(), str(out), scenarios),
                                  nprocs=WORLD, join=False, start_method="spawn")
     deadline = COLLECTIVE_TIMEOUT_S * 4
