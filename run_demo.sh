@@ -19,7 +19,10 @@
 #   SAVES         trained models: SAVES/full/sft, SAVES/full/mappo (and SAVES/pt for tiny);
 #                 default saves/smollm2-135m or saves/tiny-llama3
 #   OUT           the table, metrics, plots and the server log (default outputs/demo)
-#   DEMO_SCALE    "full" (default) or "small": a smaller world and fewer steps, for the CI test
+#   DEMO_SCALE    "full" (default: the README's table), "quick" (the same world, a shorter warm
+#                 start and MAPPO, 50 test questions, no zero-shot row: for a CPU without bf16)
+#                 or "small" (a small world and a few steps: a smoke test, the CI test's scale)
+#   EVAL_SPLIT    "test" (default) or "dev": the split the evaluation stage reads (tune on dev)
 #   PRECISION     "auto" (default: bf16 where the GPU or CPU computes bf16 natively), "bf16"
 #                 or "fp32"
 #   MMOA_VERBOSE  1: the libraries' INFO lines (model configs, file loading) on the console too;
@@ -46,6 +49,7 @@ SEED=${SEED:-42}
 PORT=${PORT:-8000}
 OUT=${OUT:-outputs/demo}
 DEMO_SCALE=${DEMO_SCALE:-full}
+EVAL_SPLIT=${EVAL_SPLIT:-test}
 PRECISION=${PRECISION:-auto}
 DATA_DIR=${DATA_DIR:-data}
 DEMO_DIR=$DATA_DIR/demo
@@ -65,16 +69,52 @@ case "$MODEL" in
   *) echo "run_demo.sh: MODEL must be smollm2 or tiny, got '$MODEL'" >&2; exit 2 ;;
 esac
 
+# EVAL_MAX: the first N questions of the evaluation split ("" = all of them)
 case "$DEMO_SCALE" in
   full)  WORLD=(--n-passages 2000 --n-train 2000 --n-dev 200 --n-test 200)
-         PT_ARGS=(); SFT_ARGS=(); MAPPO_ARGS=(); PT_WORLDS=(--n-passages 2000) ;;
+         PT_ARGS=(); SFT_ARGS=(); MAPPO_ARGS=(); PT_WORLDS=(--n-passages 2000); EVAL_MAX="" ;;
+  quick) WORLD=(--n-passages 2000 --n-train 2000 --n-dev 200 --n-test 200)
+         PT_ARGS=(); PT_WORLDS=(--n-passages 2000); EVAL_MAX=50
+         SFT_ARGS=(max_steps=24 per_device_train_batch_size=4 learning_rate=1.0e-4)
+         MAPPO_ARGS=(max_steps=2 save_steps=2) ;;
   small) WORLD=(--n-passages 300 --n-train 60 --n-dev 20 --n-test 20)
          PT_ARGS=(max_steps=4 logging_steps=1); SFT_ARGS=(max_steps=4 logging_steps=1)
          MAPPO_ARGS=(max_steps=2 mappo_questions_per_rollout=4 mappo_rollout_batch_size=4
                      save_steps=2)
-         PT_WORLDS=(--n-passages 200 --seeds 1001) ;;
-  *) echo "run_demo.sh: DEMO_SCALE must be full or small, got '$DEMO_SCALE'" >&2; exit 2 ;;
+         PT_WORLDS=(--n-passages 200 --seeds 1001); EVAL_MAX="" ;;
+  *) echo "run_demo.sh: DEMO_SCALE must be full, quick or small, got '$DEMO_SCALE'" >&2; exit 2 ;;
 esac
+case "$EVAL_SPLIT" in
+  test|dev) ;;
+  *) echo "run_demo.sh: EVAL_SPLIT must be test or dev, got '$EVAL_SPLIT'" >&2; exit 2 ;;
+esac
+EVAL_ARGS=()
+if [[ -n "$EVAL_MAX" ]]; then EVAL_ARGS=(--max_samples "$EVAL_MAX"); fi
+
+# Before anything starts: the precision this machine will get and what each scale costs on it.
+# Wall times on 2 cores, measured (docs/demo.md, "How long the demo takes"), without the first
+# set-up (about 5 minutes, once); the full demo in fp32 is estimated from its stages' measured
+# times, as it was never run end to end there.
+if [[ "$PRECISION" == fp32 ]]; then HW=fp32
+elif [[ "$PRECISION" == bf16 ]] || grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null
+then HW=bf16
+else HW=fp32; fi
+if [[ "${CUDA_VISIBLE_DEVICES-all}" != "" ]] && command -v nvidia-smi > /dev/null 2>&1 \
+   && nvidia-smi -L > /dev/null 2>&1; then HW=gpu; fi
+if [[ "$MODEL" == smollm2 ]]; then
+  case "$HW" in
+    bf16) echo "[demo] this CPU computes bf16 natively: bf16 autocast. On 2 such cores:" ;;
+    fp32) echo "[demo] no native bf16 here (no AVX-512 BF16 / AMX): fp32, the slower case." \
+               "On 2 such cores:" ;;
+    gpu)  echo "[demo] a GPU: each scale takes minutes (the CPU times, for reference):" ;;
+  esac
+  echo "[demo]   DEMO_SCALE=full   the README's table (200 test questions)     bf16 30 min," \
+       "fp32 about 3 h (estimated)"
+  echo "[demo]   DEMO_SCALE=quick  the same method, shorter (50 test questions) bf16 QUICK_BF16," \
+       "fp32 QUICK_FP32"
+  echo "[demo]   DEMO_SCALE=small  a smoke test: a small world, a few steps     fp32 17.5 min"
+  echo "[demo] this run: DEMO_SCALE=$DEMO_SCALE (Ctrl-C now and set DEMO_SCALE=... to pick another)"
+fi
 
 START=$(date +%s)
 stage() { printf '\n== [%s/11] %s   (%ds)\n' "$1" "$2" "$(( $(date +%s) - START ))"; }
@@ -174,7 +214,7 @@ bash LLaMA-Factory/run_mappo.sh "$MAPPO_CONFIG" \
   output_dir="$SAVES/full/mappo" mappo_retriever_url="$URL" mappo_top_k="$K" \
   "${PREC_ARGS[@]}" "${MAPPO_ARGS[@]}"
 
-stage 10 "evaluation on the test split (generation limits as in the MAPPO rollout)"
+stage 10 "evaluation on the $EVAL_SPLIT split${EVAL_MAX:+ (its first $EVAL_MAX questions)} (generation limits as in the MAPPO rollout)"
 # The limits are read from the MAPPO config, so evaluation generates as the rollout did.
 read -r -a LIMITS < <(python - "$MAPPO_CONFIG" <<'EOF'
 import sys
@@ -189,13 +229,13 @@ EVALUATED=()
 evaluate() {  # folder row-name model mode
   echo "-- $2 ($4)"
   python evaluate/evaluate_qr_s_g.py --model_name_or_path "$3" --template "$TEMPLATE" \
-    --mode "$4" --data_file "$DEMO_DIR/test.jsonl" --retriever_url "$URL" --k "$K" \
-    --precision "$PRECISION" "${LIMITS[@]}" --output_dir "$OUT/eval_$1" | tail -n 1
+    --mode "$4" --data_file "$DEMO_DIR/$EVAL_SPLIT.jsonl" --retriever_url "$URL" --k "$K" \
+    --precision "$PRECISION" "${LIMITS[@]}" "${EVAL_ARGS[@]}" --output_dir "$OUT/eval_$1" | tail -n 1
   EVALUATED+=("$2=$OUT/eval_$1")
 }
-if [[ "$MODEL" == smollm2 ]]; then
+if [[ "$MODEL" == smollm2 && "$DEMO_SCALE" != quick ]]; then  # quick: time for the rows that matter
   evaluate zero_shot "zero-shot instruct model" "$MODEL_DIR" qr_s_g
-else
+elif [[ "$MODEL" == tiny ]]; then
   evaluate untrained "untrained model" "$MODEL_DIR" qr_s_g
   evaluate base "pre-trained base" "$SAVES/pt" qr_s_g
 fi
@@ -209,7 +249,16 @@ cp "$SAVES/full/sft/training_loss.png" "$OUT/sft_training_loss.png"
 if [[ "$MODEL" == tiny ]]; then
   cp "$SAVES/pt/training_loss.png" "$OUT/pt_training_loss.png"
 fi
-mmoa-cli eval --compare "${EVALUATED[@]}" | tee "$OUT/results.txt"
+{
+  if [[ "$DEMO_SCALE" == small ]]; then
+    echo "SMOKE TEST (DEMO_SCALE=small): it checks that every stage runs, and its figures are not"
+    echo "results: $EVAL_SPLIT F1 on 20 questions has a standard error of about 10 points, and a"
+    echo "few training steps on a small world teach the agents little. DEMO_SCALE=quick or full"
+    echo "give figures."
+    echo
+  fi
+  mmoa-cli eval --compare "${EVALUATED[@]}" --paired MAPPO
+} | tee "$OUT/results.txt"
 echo
 echo "demo finished in $(( $(date +%s) - START )) s: table $OUT/results.txt, metrics" \
      "$OUT/eval_*/metrics.json, plots $OUT/*.png"

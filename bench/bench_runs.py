@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import shutil
@@ -30,6 +29,8 @@ from pathlib import Path, PurePath
 from typing import Any, NoReturn
 
 from mmoa.agent_adapters import MARKER_FILE
+from mmoa.evaluation import paired_gain as paired_gain  # the benches import them from here
+from mmoa.evaluation import per_question_f1 as per_question_f1
 from mmoa.fileio import atomic_write_json
 from mmoa.precision import PRECISION_CHOICES
 
@@ -186,20 +187,6 @@ def model_arguments(model: Path, base: str | Path | None = None) -> list[str]:
         return ["--model_name_or_path", str(base), "--adapter_name_or_path", str(model)]
     raise SystemExit(f"{model}: neither a model (config.json) nor LoRA adapters "
                      "(adapter_config.json, agent_adapters.json)")
-
-
-def per_question_f1(eval_dir: Path) -> dict[str, float]:
-    """Question id -> F1, from an evaluation's ``predictions.jsonl``."""
-    rows = [json.loads(line) for line in (eval_dir / "predictions.jsonl").read_text().splitlines()]
-    return {row["id"]: float(row["scores"]["f1"]) for row in rows}
-
-
-def paired_gain(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """Mean per-question F1 gain of ``after`` over ``before`` on the questions both scored, and
-    its standard error (paired: the question-to-question spread both runs share cancels out)."""
-    diffs = [after[q] - before[q] for q in before if q in after]
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
-    return {"gain": statistics.fmean(diffs), "gain_se": se, "n": len(diffs)}
 
 
 def code_version(script: str) -> str:

@@ -202,3 +202,34 @@ def test_eval_compare_with_a_missing_or_broken_metrics_file_is_one_line(
         err = capsys.readouterr().err.strip()
         assert err.startswith("mmoa-cli eval: error: --compare: ") and names in err
         assert len(err.splitlines()) == 1
+
+
+def test_eval_compare_prints_the_f1_standard_error_and_paired_gains(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Three runs on questions a, b, c; MAPPO's paired gains over the other two by hand."""
+    f1 = {"sft": [0.0, 1.0, 0.5], "rag": [0.5, 0.5, 0.5], "mappo": [1.0, 1.0, 0.0]}
+    entries = []
+    for name, scores in f1.items():
+        run = tmp_path / name
+        run.mkdir()
+        mean = sum(scores) / 3
+        sd = (sum((x - mean) ** 2 for x in scores) / 2) ** 0.5
+        (run / "metrics.json").write_text(json.dumps(
+            {"mode": "qr_s_g", "num_questions": 3, "f1": mean, "f1_se": sd / 3 ** 0.5}))
+        (run / "predictions.jsonl").write_text("".join(
+            json.dumps({"id": q, "scores": {"f1": x}}) + "\n" for q, x in zip("abc", scores)))
+        entries.append(f"{name}={run}")
+    assert main(["eval", "--compare", *entries, "--paired", "sft"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = out[0].split()
+    assert header[header.index("F1") + 1] == "+-F1"
+    mappo = next(line for line in out if line.startswith("mappo ")).split()
+    # F1 2/3, sd sqrt(((1/3)^2 * 2 + (2/3)^2) / 2) = 0.5774, SE 0.3333
+    assert mappo[header.index("F1")] == "66.7" and mappo[header.index("+-F1")] == "33.3"
+    start = out.index("paired F1 gain of sft (same questions, +- standard error):")
+    # sft - rag: -0.5, +0.5, 0 -> mean 0, sd 0.5, SE 0.2887; sft - mappo: -1, 0, +0.5 ->
+    # mean -1/6, SE 0.7638 / sqrt(3) = 0.4410
+    assert out[start + 1:] == ["  over rag: +0.0 +- 28.9 (n=3)",
+                               "  over mappo: -16.7 +- 44.1 (n=3)"]
+    assert main(["eval", "--compare", *entries, "--paired", "nope"]) == 2
+    assert "--paired 'nope': no such run" in capsys.readouterr().err

@@ -207,7 +207,29 @@ def test_run_demo_help_lists_every_knob_and_writes_nothing(tmp_path: Path) -> No
         assert re.search(rf"^  {knob}\s+\S", result.stdout, re.MULTILINE), knob
     rejected = _run(["bash", "run_demo.sh", "--model", "tiny"], tmp_path)
     assert rejected.returncode == 2 and "bash run_demo.sh --help" in rejected.stderr
+    for knob, message in (("DEMO_SCALE", "DEMO_SCALE must be full, quick or small"),
+                          ("EVAL_SPLIT", "EVAL_SPLIT must be test or dev")):
+        bad = subprocess.run(["bash", "run_demo.sh"], cwd=tmp_path, env={**_env(), knob: "x"},
+                             capture_output=True, text=True, timeout=TIMEOUT, check=False)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
     assert _files(tmp_path) == before
+
+
+def test_run_demo_says_the_precision_and_each_scales_time_before_it_starts(
+        tmp_path: Path) -> None:
+    """With PRECISION=fp32 (the CPU without bf16) the first lines say so and give every scale's
+    measured time; the copy stops at its first real stage (no project files beside it)."""
+    shutil.copy2(ROOT / "run_demo.sh", tmp_path / "run_demo.sh")
+    env = {**_env(), "MODEL": "smollm2", "PRECISION": "fp32", "DEMO_SCALE": "quick",
+           "MMOA_SETUP": "0", "OUT": str(tmp_path / "out")}
+    result = subprocess.run(["bash", "run_demo.sh"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=TIMEOUT, check=False)
+    head = result.stdout.split("== [1/11]")[0]
+    assert "no native bf16 here" in head and "fp32" in head
+    for scale in ("full", "quick", "small"):
+        assert f"DEMO_SCALE={scale} " in head, scale
+    assert re.search(r"DEMO_SCALE=quick .* fp32 \d+ min", head), head
+    assert "this run: DEMO_SCALE=quick" in head
 
 
 # ---------------------------------------------------------------------------------------------

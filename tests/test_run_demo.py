@@ -55,6 +55,10 @@ def test_shortened_demo_runs_end_to_end(tmp_path: Path) -> None:
                 "RAG baseline (warm start)"):
         assert row in table, row
     assert "eval_" not in table
+    # headed as what it is, with F1's standard error and MAPPO's paired gains
+    assert table.startswith("SMOKE TEST (DEMO_SCALE=small)")
+    assert "+-F1" in table and "paired F1 gain of MAPPO" in table
+    assert "over warm start (SFT): " in table and "over RAG baseline (warm start): " in table
     # the libraries' INFO lines went to the runs' library.log, not to the console
     assert "Model config" not in result.stdout + result.stderr
     assert "Model config" in (tmp_path / "saves/full/sft" / "library.log").read_text()

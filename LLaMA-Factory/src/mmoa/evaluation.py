@@ -80,10 +80,10 @@ from mmoa.precision import (
 # Each pipeline's rows are written by its own module (mmoa.pipelines); these names are where
 # tests and scripts have always imported them from.
 __all__ = ["DECISION_AGENT_MODE", "DECISION_POLICIES", "EVAL_MODES", "METRICS_FILE",
-           "PREDICTIONS_FILE", "SEARCH_AGENT_MODE", "EvalConfig", "_rouge_l",
-           "_support_precision", "_support_recall", "check_context", "check_question_lengths",
-           "check_server_limits", "evaluate",
-           "format_table", "load_metrics", "load_records", "score_decision_trajectory",
+           "PREDICTIONS_FILE", "SEARCH_AGENT_MODE", "EvalConfig", "_rouge_l", "_support_precision",
+           "_support_recall", "check_context", "check_question_lengths", "check_server_limits",
+           "evaluate", "format_paired_gains", "format_table", "load_metrics", "load_records",
+           "paired_gain", "per_question_f1", "score_decision_trajectory",
            "score_search_trajectory", "score_trace", "scoring_label", "scoring_legend",
            "standard_error", "summarize"]
 
@@ -488,7 +488,7 @@ def format_table(named_metrics: Sequence[tuple[str, dict[str, Any]]]) -> str:
     profile names mean; a sampled run's mode says so). A run whose records have groups gets a
     row per group below its own (``run / group``: n, EM, F1, retrieval rate and searches of the
     group)."""
-    header = ["run", "mode", "scoring", "n", "Acc", "EM", "F1", "QR subq", "QR ok%",
+    header = ["run", "mode", "scoring", "n", "Acc", "EM", "F1", "+-F1", "QR subq", "QR ok%",
               "cand rec%", "S sel", "S ok%", "S rec%", "G words", "G ok%", "rounds",
               "queries", "ret tok", "fmt ok%", "ret%", "s/q"]
     lines = []
@@ -506,7 +506,8 @@ def format_table(named_metrics: Sequence[tuple[str, dict[str, Any]]]) -> str:
         lines.append([
             name, mode, scoring_label(m), str(m.get("num_questions", "?")),
             _pct(m.get("acc")),
-            _pct(m.get("em")), _pct(m.get("f1")), _num(qr.get("mean_subquestions")),
+            _pct(m.get("em")), _pct(m.get("f1")), _pct(m.get("f1_se")),
+            _num(qr.get("mean_subquestions")),
             _pct(qr.get("well_formed_rate")), _pct(ret.get("candidate_support_recall")),
             _num(sel.get("mean_selected")), _pct(sel.get("well_formed_rate")),
             _pct(sel.get("support_recall")), _num(gen.get("mean_answer_words")),
@@ -520,8 +521,8 @@ def format_table(named_metrics: Sequence[tuple[str, dict[str, Any]]]) -> str:
             row = ["-"] * len(header)
             row[:4] = [f"{name} / {group}", mode, scoring_label(m), str(g["num_questions"])]
             row[5], row[6] = _pct(g.get("em")), _pct(g.get("f1"))
-            row[15] = _num(g.get("mean_searches"))
-            row[19] = _pct(g.get("retrieval_rate"))
+            row[header.index("rounds")] = _num(g.get("mean_searches"))
+            row[header.index("ret%")] = _pct(g.get("retrieval_rate"))
             lines.append(row)
     widths = [max(len(str(row[i])) for row in [header, *lines]) for i in range(len(header))]
     def fmt(row: list[str]) -> str:
@@ -529,6 +530,46 @@ def format_table(named_metrics: Sequence[tuple[str, dict[str, Any]]]) -> str:
                          for i, (c, w) in enumerate(zip(row, widths, strict=True)))
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([fmt(header), rule, *(fmt(row) for row in lines)])
+
+
+def per_question_f1(eval_dir: str | Path) -> dict[str, float]:
+    """Question id -> F1, from an evaluation's ``predictions.jsonl``."""
+    lines = (Path(eval_dir) / PREDICTIONS_FILE).read_text(encoding="utf-8").splitlines()
+    rows = [json.loads(line) for line in lines if line.strip()]
+    return {row["id"]: float(row["scores"]["f1"]) for row in rows}
+
+
+def paired_gain(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean per-question F1 gain of ``after`` over ``before`` on the questions both scored, and
+    its standard error (paired: the question-to-question spread both runs share cancels out)."""
+    diffs = [after[q] - before[q] for q in before if q in after]
+    if not diffs:
+        raise ValueError("the two runs share no question")
+    se = standard_error(diffs)
+    return {"gain": fmean(diffs), "gain_se": float("nan") if se is None else se,
+            "n": len(diffs)}
+
+
+def format_paired_gains(named_dirs: Sequence[tuple[str, str | Path]], of: str) -> list[str]:
+    """Lines with the paired F1 gain of run ``of`` over each other run (on the questions both
+    answered, from their ``predictions.jsonl``): what tells two rows apart on the same
+    questions, where the rows' own standard errors overlap. Runs without predictions are left
+    out."""
+    dirs = {name: Path(path) if Path(path).is_dir() else Path(path).parent
+            for name, path in named_dirs}
+    if of not in dirs:
+        raise ValueError(f"--paired {of!r}: no such run (runs: {', '.join(dirs)})")
+    if not (dirs[of] / PREDICTIONS_FILE).is_file():
+        return []
+    after = per_question_f1(dirs[of])
+    lines = [f"paired F1 gain of {of} (same questions, +- standard error):"]
+    for name, folder in dirs.items():
+        if name == of or not (folder / PREDICTIONS_FILE).is_file():
+            continue
+        gain = paired_gain(per_question_f1(folder), after)
+        lines.append(f"  over {name}: {100 * gain['gain']:+.1f} +- {100 * gain['gain_se']:.1f}"
+                     f" (n={gain['n']})")
+    return lines if len(lines) > 1 else []
 
 
 def load_metrics(path: str | Path) -> dict[str, Any]:

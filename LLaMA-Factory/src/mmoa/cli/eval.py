@@ -128,18 +128,28 @@ def compare_entry(entry: str) -> tuple[str, str]:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from mmoa.cli.options import config_from_args
-    from mmoa.evaluation import EvalConfig, evaluate, format_table, load_metrics, scoring_legend
+    from mmoa.evaluation import (
+        EvalConfig,
+        evaluate,
+        format_paired_gains,
+        format_table,
+        load_metrics,
+        scoring_legend,
+    )
     from mmoa.preflight import PreflightError, check_eval, command_here, project_root
 
     if args.compare:
+        entries = list(map(compare_entry, args.compare))
         try:
-            runs = [(label, load_metrics(path))
-                    for label, path in map(compare_entry, args.compare)]
+            runs = [(label, load_metrics(path)) for label, path in entries]
+            gains = format_paired_gains(entries, args.paired or entries[-1][0])
         except (FileNotFoundError, ValueError) as err:
             print(f"{args.prog}: error: --compare: {err}", file=sys.stderr)
             return 2
         print(format_table(runs))
         print("\n".join(scoring_legend(runs)))
+        if gains:
+            print("\n".join(gains))
         return 0
     if not args.model_name_or_path or not args.output_dir:
         example = command_here(" ".join((args.invocation, *EVAL_EXAMPLE)), project_root())
@@ -216,5 +226,9 @@ def add_eval_command(commands: Commands) -> None:
                        groups=dict.fromkeys(REQUIRED, required))
     ev.add_argument("--compare", nargs="+", metavar="[NAME=]METRICS",
                     help="print one table for several metrics.json files (or their folders); "
-                         "NAME= names the row (default: the path)")
+                         "NAME= names the row (default: the path); +-F1 is F1's standard "
+                         "error, and the paired F1 gains of one run over the others follow")
+    ev.add_argument("--paired", metavar="NAME",
+                    help="with --compare: the run whose paired F1 gains over the others are "
+                         "printed (default: the last one)")
     ev.set_defaults(handler=_cmd_eval, prog="mmoa-cli eval", invocation="mmoa-cli eval")
