@@ -93,8 +93,8 @@ if [[ -n "$EVAL_MAX" ]]; then EVAL_ARGS=(--max_samples "$EVAL_MAX"); fi
 
 # Before anything starts: the precision this machine will get and what each scale costs on it.
 # Wall times on 2 cores, measured (docs/demo.md, "How long the demo takes"), without the first
-# set-up (about 5 minutes, once); the full demo in fp32 is estimated from its stages' measured
-# times, as it was never run end to end there.
+# set-up (about 5 minutes, once); the full demo in fp32 is estimated from the stage rates the
+# quick scale measured there (it was never run end to end on such a CPU).
 if [[ "$PRECISION" == fp32 ]]; then HW=fp32
 elif [[ "$PRECISION" == bf16 ]] || grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null
 then HW=bf16
@@ -108,11 +108,12 @@ if [[ "$MODEL" == smollm2 ]]; then
                "On 2 such cores:" ;;
     gpu)  echo "[demo] a GPU: each scale takes minutes (the CPU times, for reference):" ;;
   esac
-  echo "[demo]   DEMO_SCALE=full   the README's table (200 test questions)     bf16 30 min," \
-       "fp32 about 3 h (estimated)"
-  echo "[demo]   DEMO_SCALE=quick  the same method, shorter (50 test questions) bf16 QUICK_BF16," \
-       "fp32 QUICK_FP32"
-  echo "[demo]   DEMO_SCALE=small  a smoke test: a small world, a few steps     fp32 17.5 min"
+  row() { printf '[demo]   %-17s %-45s %s\n' "$@"; }
+  row DEMO_SCALE=full "the README's table (200 test questions)" \
+      "bf16 30 min, fp32 about 2 h (estimated)"
+  row DEMO_SCALE=quick "the same method, shorter (50 test questions)" \
+      "fp32 28 min, bf16 not measured yet"
+  row DEMO_SCALE=small "a smoke test: a small world, a few steps" "fp32 17.5 min"
   echo "[demo] this run: DEMO_SCALE=$DEMO_SCALE (Ctrl-C now and set DEMO_SCALE=... to pick another)"
 fi
 
