@@ -217,7 +217,8 @@ def test_eval_compare_prints_the_f1_standard_error_and_paired_gains(
         (run / "metrics.json").write_text(json.dumps(
             {"mode": "qr_s_g", "num_questions": 3, "f1": mean, "f1_se": sd / 3 ** 0.5}))
         (run / "predictions.jsonl").write_text("".join(
-            json.dumps({"id": q, "scores": {"f1": x}}) + "\n" for q, x in zip("abc", scores)))
+            json.dumps({"id": q, "scores": {"f1": x}}) + "\n"
+            for q, x in zip("abc", scores, strict=True)))
         entries.append(f"{name}={run}")
     assert main(["eval", "--compare", *entries, "--paired", "sft"]) == 0
     out = capsys.readouterr().out.splitlines()
