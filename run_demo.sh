@@ -69,10 +69,10 @@ case "$MODEL" in
   *) echo "run_demo.sh: MODEL must be smollm2 or tiny, got '$MODEL'" >&2; exit 2 ;;
 esac
 
-# EVAL_MAX: the first N questions of the evaluation split ("" = all of them)
+EVAL_MAX=""  # the first N questions of the evaluation split ("": all of them)
 case "$DEMO_SCALE" in
   full)  WORLD=(--n-passages 2000 --n-train 2000 --n-dev 200 --n-test 200)
-         PT_ARGS=(); SFT_ARGS=(); MAPPO_ARGS=(); PT_WORLDS=(--n-passages 2000); EVAL_MAX="" ;;
+         PT_ARGS=(); SFT_ARGS=(); MAPPO_ARGS=(); PT_WORLDS=(--n-passages 2000) ;;
   quick) WORLD=(--n-passages 2000 --n-train 2000 --n-dev 200 --n-test 200)
          PT_ARGS=(); PT_WORLDS=(--n-passages 2000); EVAL_MAX=50
          SFT_ARGS=(max_steps=24 per_device_train_batch_size=4 learning_rate=1.0e-4)
@@ -81,7 +81,7 @@ case "$DEMO_SCALE" in
          PT_ARGS=(max_steps=4 logging_steps=1); SFT_ARGS=(max_steps=4 logging_steps=1)
          MAPPO_ARGS=(max_steps=2 mappo_questions_per_rollout=4 mappo_rollout_batch_size=4
                      save_steps=2)
-         PT_WORLDS=(--n-passages 200 --seeds 1001); EVAL_MAX="" ;;
+         PT_WORLDS=(--n-passages 200 --seeds 1001) ;;
   *) echo "run_demo.sh: DEMO_SCALE must be full, quick or small, got '$DEMO_SCALE'" >&2; exit 2 ;;
 esac
 case "$EVAL_SPLIT" in

@@ -396,11 +396,7 @@ def pooled_gain(sft: dict[str, float], runs: list[dict[str, float]]) -> dict[str
     error over questions: each question's gain is averaged over the seeds first, since seeds
     scored on the same questions are not independent samples (the question-to-question spread
     counts once, the seed-to-seed noise averages out). One run gives :func:`paired_gain`."""
-    means = mean_over_seeds(runs)
-    diffs = [means[q] - sft[q] for q in sft if q in means]
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
-    return {"gain": statistics.fmean(diffs), "gain_se": se, "n": len(diffs),
-            "seeds": len(runs)}
+    return {**paired_gain(sft, mean_over_seeds(runs)), "seeds": len(runs)}
 
 
 def pooled_over_current_warm_start(result: dict[str, Any]) -> dict[str, Any] | None:
