@@ -36,6 +36,7 @@ def xdist_group(nodeid: str) -> str:
     return "ddp_run" if module in DDP_RUN_MODULES else module
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest -p no:xdist must still run
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadgroup`` with :func:`xdist_group` as the grouping, decided here rather than by
     ``xdist_group`` marks: pytest-xdist 3.8 puts a mark's group into the test id through an
