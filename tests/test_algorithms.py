@@ -279,6 +279,23 @@ def test_keys_that_contradict_the_algorithm_are_refused(config: dict, message: s
 GOLDEN = json.loads((Path(__file__).with_name("algorithm_golden.json")).read_text())
 GOLDEN_KEYS = ("loss", "policy_loss", "value_loss", "kl_loss", "clipfrac", "approx_kl",
                "grad_norm", "entropy")
+# Float32 kernels round differently on different instruction sets (AVX2, AVX-512), so a CPU
+# other than the recording one moves these values by up to 6e-5 relative (the KL, a difference
+# of log-probabilities) and a whitened advantage sum near zero by 1.4e-6. Any change to the
+# algorithm itself moves them by percents.
+GOLDEN_REL, GOLDEN_ABS = 2e-4, 1e-5
+
+
+def _assert_matches_golden(got: list[dict], want: list[dict]) -> None:
+    assert len(got) == len(want)
+    for step, (row, golden) in enumerate(zip(got, want, strict=True)):
+        assert row.keys() == golden.keys(), f"step {step}"
+        for key, value in golden.items():
+            if value is None:
+                assert row[key] is None, f"step {step} {key}"
+            else:
+                assert row[key] == pytest.approx(value, rel=GOLDEN_REL, abs=GOLDEN_ABS), \
+                    f"step {step} {key}"
 
 
 def _golden_samples() -> list[Sample]:
@@ -336,16 +353,15 @@ def _golden_run(kind: str, normalise: str = "mean_std", **settings: object) -> l
     ("grpo_mean_std", "grpo", "mean_std", {"kl_loss_coef": 0.1}),
     ("grpo_mean_seq", "grpo", "mean", {"kl_loss_coef": 0.0, "loss_averaging": "sequence"}),
 ])
-def test_ppo_and_grpo_updates_are_unchanged_to_the_last_digit(
+def test_ppo_and_grpo_updates_are_unchanged_from_the_recording(
         name: str, kind: str, normalise: str, settings: dict) -> None:
-    """Losses, KL, advantages and the weights after three updates equal (==, not approx) the
-    values recorded on main before the algorithms moved behind the registry (commit 707fa5c).
-    On one CPU thread: the reductions of a multi-threaded matrix product differ in the last
-    bits with the thread count (the test suite's workers run with one thread each)."""
+    """Losses, KL, advantages and the weights after three updates equal, to float32 rounding,
+    the values recorded on main before the algorithms moved behind the registry (commit
+    707fa5c). On one CPU thread, so the thread count does not change the reductions' order."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        assert _golden_run(kind, normalise, **settings) == GOLDEN[name]
+        _assert_matches_golden(_golden_run(kind, normalise, **settings), GOLDEN[name])
     finally:
         torch.set_num_threads(threads)
 
