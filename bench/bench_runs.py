@@ -174,6 +174,17 @@ def last_checkpoint(output_dir: Path) -> Path | None:
     return max(checkpoints, key=lambda p: int(p.name.split("-")[-1])) if checkpoints else None
 
 
+def resume_overrides(output_dir: Path) -> list[str]:
+    """The overrides that resume a training cut before its end from ``output_dir``'s last
+    checkpoint (``[]`` where it has none): a run longer than a session then spans sessions.
+    A config that saves no checkpoints (``save_strategy: "no"``) restarts from scratch."""
+    checkpoint = last_checkpoint(output_dir)
+    if checkpoint is None:
+        return []
+    print(f"[{output_dir}] resuming from {checkpoint.name}", flush=True)
+    return [f"resume_from_checkpoint={checkpoint}", "overwrite_output_dir=false"]
+
+
 def model_arguments(model: Path, base: str | Path | None = None) -> list[str]:
     """The evaluator's model options for a training output: a full model is the model itself;
     a LoRA output (``finetuning_type: lora``: one adapter, or one per agent under

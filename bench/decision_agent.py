@@ -40,11 +40,11 @@ from bench_runs import (
     add_variant_option,
     bench_parser,
     code_version,
-    last_checkpoint,
     mmoa_cli,
     paired_gain,
     per_question_f1,
     print_result,
+    resume_overrides,
     run_logged,
     stage,
     train,
@@ -150,9 +150,7 @@ def train_rl(args: argparse.Namespace, warm: Path, output: Path, seed: int, cost
                  f"max_steps={args.steps}", f"mappo_decision_retrieval_cost={cost}",
                  f"mappo_retriever_url={args.retriever_url}",
                  f"dataset={rl_dataset(args)}", *args.overrides]
-    if (checkpoint := last_checkpoint(output)) is not None:
-        overrides.append(f"resume_from_checkpoint={checkpoint}")
-    train(config, overrides, output.parent / "train.log")
+    train(config, [*overrides, *resume_overrides(output)], output.parent / "train.log")
 
 
 def _decision_key(key: str) -> bool:

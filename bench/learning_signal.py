@@ -66,11 +66,11 @@ from bench_runs import (
     AttemptClock,
     check_overrides,
     code_version,
-    last_checkpoint,
     load_json_or_exit,
     model_arguments,
     paired_gain,
     per_question_f1,
+    resume_overrides,
     rollout_limits,
     run_logged,
     train,
@@ -239,11 +239,16 @@ def warm_start(args: argparse.Namespace, work: Path,
 def _warm_start_record(args: argparse.Namespace, run_dir: Path,
                        earlier: list[dict[str, Any]]) -> dict[str, Any]:
     model = Path(args.warm_start) if args.warm_start else run_dir / "sft"
-    if not args.warm_start:
+    trained = run_dir / "trained"  # the training finished; only its evaluation may be missing
+    if not args.warm_start and not trained.exists():
         base, _, sft_config, _ = MODELS[args.model]
         train(sft_config, [f"model_name_or_path={args.base_model or base}", "seed=42",
-                            f"output_dir={model}", *args.sft_overrides, *args.overrides],
+                            f"output_dir={model}", *args.sft_overrides, *args.overrides,
+                            *resume_overrides(model)],
                run_dir / "train.log")
+        trained.touch()
+        for checkpoint in model.glob("checkpoint-*"):  # kept only to resume a cut training
+            shutil.rmtree(checkpoint)
     digest = weights_digest(model)
     record: dict[str, Any] = {"model": str(model), "trained_here": not args.warm_start,
                               "weights_sha256": digest}
@@ -310,11 +315,7 @@ def _mappo_record(args: argparse.Namespace, run_dir: Path, name: str, seed: int,
         run_dir.mkdir(parents=True, exist_ok=True)
         code.write_text(code_version("bench/learning_signal.py") + "\n")
     if not trained.exists():
-        checkpoint = last_checkpoint(output)
-        if checkpoint is not None:
-            print(f"[{name}] resuming from {checkpoint}", flush=True)
-            overrides += [f"resume_from_checkpoint={checkpoint}", "overwrite_output_dir=false"]
-        train(mappo_config, overrides, run_dir / "train.log")
+        train(mappo_config, [*overrides, *resume_overrides(output)], run_dir / "train.log")
         trained.touch()
         for checkpoint in [] if keep_checkpoints else output.glob("checkpoint-*"):
             shutil.rmtree(checkpoint)  # the final model is in output itself

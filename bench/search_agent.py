@@ -47,11 +47,11 @@ from bench_runs import (
     add_variant_option,
     bench_parser,
     code_version,
-    last_checkpoint,
     mmoa_cli,
     paired_gain,
     per_question_f1,
     print_result,
+    resume_overrides,
     rollout_limits,
     run_logged,
     stage,
@@ -172,9 +172,7 @@ def train_rl(args: argparse.Namespace, warm: Path, output: Path, seed: int,
     overrides = [f"model_name_or_path={warm}", f"output_dir={output}", f"seed={seed}",
                  f"max_steps={args.steps}", f"mappo_retriever_url={args.retriever_url}",
                  *extra, *args.overrides]
-    if (checkpoint := last_checkpoint(output)) is not None:
-        overrides += [f"resume_from_checkpoint={checkpoint}", "overwrite_output_dir=false"]
-    train(config, overrides, output.parent / "train.log")
+    train(config, [*overrides, *resume_overrides(output)], output.parent / "train.log")
 
 
 def _search_key(key: str) -> bool:

@@ -47,13 +47,13 @@ from bench_runs import (
     archive_stages,
     bench_parser,
     code_version,
-    last_checkpoint,
     mmoa_cli,
     paired_gain,
     per_question_f1,
     portable,
     print_result,
     restore_archived_stages,
+    resume_overrides,
     rollout_limits,
     run_logged,
     stage,
@@ -167,9 +167,7 @@ def mappo(args: argparse.Namespace, work: Path, warm: str) -> dict[str, Any]:
         overrides = [f"model_name_or_path={warm}", f"output_dir={output}",
                      f"seed={args.seeds[0]}", f"mappo_retriever_url={args.retriever_url}",
                      *args.overrides]
-        if (checkpoint := last_checkpoint(output)) is not None:
-            overrides += [f"resume_from_checkpoint={checkpoint}", "overwrite_output_dir=false"]
-        train(MAPPO_CONFIG, overrides, output.parent / "train.log")
+        train(MAPPO_CONFIG, [*overrides, *resume_overrides(output)], output.parent / "train.log")
     for checkpoint in output.glob("checkpoint-*"):  # the final model is in output itself
         shutil.rmtree(checkpoint, ignore_errors=True)
     return {**evaluate(args, output, output.parent / "eval"), "warm_start": warm}

@@ -207,6 +207,49 @@ def test_a_run_resumed_after_a_cut_counts_the_seconds_of_every_attempt(bench, tm
     assert bench.mappo_run(args, tmp_path, "seed1", 1, "", "warm") == done
 
 
+def test_a_warm_start_cut_mid_training_resumes_from_its_checkpoint(bench, tmp_path,
+                                                                    monkeypatch):
+    """An SFT warm start cut after writing ``checkpoint-20`` resumes from it (the trainer gets
+    ``resume_from_checkpoint``), its checkpoints are removed once it has trained, and a cut
+    during its evaluation does not train it again."""
+    import argparse
+
+    sft = tmp_path / "warm_start" / "sft"
+    calls: list[list[str]] = []
+
+    def train(config, overrides, log):
+        calls.append(overrides)
+        if len(calls) == 1:  # the session ends after the first checkpoint
+            (sft / "checkpoint-20").mkdir(parents=True)
+            raise KeyboardInterrupt("the session ended")
+        (sft / "checkpoint-40").mkdir()
+        (sft / "model.safetensors").write_bytes(b"weights")
+
+    evaluations = iter([KeyboardInterrupt("cut again"), None])
+
+    def evaluate(output, args, eval_dir, base=None):
+        if (cut := next(evaluations)) is not None:
+            raise cut
+        return {}
+
+    monkeypatch.setattr(bench, "train", train)
+    monkeypatch.setattr(bench, "evaluate", evaluate)
+    monkeypatch.setattr(bench, "summary", lambda metrics, eval_dir: {"f1": 0.5})
+    monkeypatch.setattr(bench, "per_question_f1", lambda eval_dir: {"q1": 0.5})
+    args = argparse.Namespace(model="tiny", warm_start=None, base_model=None,
+                              sft_overrides=[], overrides=[])
+    for _ in range(2):
+        with pytest.raises(KeyboardInterrupt):
+            bench.warm_start(args, tmp_path, [])
+    done = bench.warm_start(args, tmp_path, [])
+    assert len(calls) == 2  # trained once more after the cut, not after the evaluation's cut
+    assert not any(o.startswith("resume_from_checkpoint") for o in calls[0])
+    assert f"resume_from_checkpoint={sft / 'checkpoint-20'}" in calls[1]
+    assert "overwrite_output_dir=false" in calls[1]
+    assert not list(sft.glob("checkpoint-*")) and done["test"]["f1"] == 0.5
+    assert done["attempts"] == 3
+
+
 def test_a_later_seed_alone_keeps_the_earlier_seeds_of_the_previous_json(bench, tmp_path):
     """``--seeds 2`` with the JSON of a seed-1 invocation as ``--previous``: seed 1 (finished,
     its result in the work folder) stays in the new JSON, seed 2 is added (both finished here,
