@@ -185,6 +185,22 @@ def resume_overrides(output_dir: Path) -> list[str]:
     return [f"resume_from_checkpoint={checkpoint}", "overwrite_output_dir=false"]
 
 
+def train_to_end(config: str, overrides: list[str], output_dir: Path, log: Path,
+                 keep_checkpoints: bool = False) -> None:
+    """Train ``config`` into ``output_dir`` once: resumed from its last checkpoint where an
+    earlier attempt was cut, skipped where a ``trained`` marker beside ``output_dir`` says it
+    finished (an attempt cut during its evaluation must not train again). Its checkpoints,
+    kept only to resume, are removed once it has trained unless ``keep_checkpoints`` (for
+    ``bench/dev_curve.py``); the final model is in ``output_dir`` itself."""
+    trained = output_dir.parent / "trained"
+    if trained.exists():
+        return
+    train(config, [*overrides, *resume_overrides(output_dir)], log)
+    trained.touch()
+    for checkpoint in [] if keep_checkpoints else output_dir.glob("checkpoint-*"):
+        shutil.rmtree(checkpoint, ignore_errors=True)
+
+
 def model_arguments(model: Path, base: str | Path | None = None) -> list[str]:
     """The evaluator's model options for a training output: a full model is the model itself;
     a LoRA output (``finetuning_type: lora``: one adapter, or one per agent under

@@ -54,7 +54,6 @@ import argparse
 import hashlib
 import json
 import math
-import shutil
 import statistics
 import sys
 import time
@@ -70,10 +69,9 @@ from bench_runs import (
     model_arguments,
     paired_gain,
     per_question_f1,
-    resume_overrides,
     rollout_limits,
     run_logged,
-    train,
+    train_to_end,
     training_tail,
     write_result,
 )
@@ -239,16 +237,11 @@ def warm_start(args: argparse.Namespace, work: Path,
 def _warm_start_record(args: argparse.Namespace, run_dir: Path,
                        earlier: list[dict[str, Any]]) -> dict[str, Any]:
     model = Path(args.warm_start) if args.warm_start else run_dir / "sft"
-    trained = run_dir / "trained"  # the training finished; only its evaluation may be missing
-    if not args.warm_start and not trained.exists():
+    if not args.warm_start:
         base, _, sft_config, _ = MODELS[args.model]
-        train(sft_config, [f"model_name_or_path={args.base_model or base}", "seed=42",
-                            f"output_dir={model}", *args.sft_overrides, *args.overrides,
-                            *resume_overrides(model)],
-               run_dir / "train.log")
-        trained.touch()
-        for checkpoint in model.glob("checkpoint-*"):  # kept only to resume a cut training
-            shutil.rmtree(checkpoint)
+        train_to_end(sft_config, [f"model_name_or_path={args.base_model or base}", "seed=42",
+                                  f"output_dir={model}", *args.sft_overrides, *args.overrides],
+                     model, run_dir / "train.log")
     digest = weights_digest(model)
     record: dict[str, Any] = {"model": str(model), "trained_here": not args.warm_start,
                               "weights_sha256": digest}
@@ -309,16 +302,11 @@ def _mappo_record(args: argparse.Namespace, run_dir: Path, name: str, seed: int,
     overrides = [f"model_name_or_path={sft_model}", f"seed={seed}", f"output_dir={output}",
                  f"mappo_retriever_url={args.retriever_url}", f"mappo_top_k={args.k}",
                  f"mappo_agents={agents}", *args.mappo_overrides, *args.overrides]
-    trained = run_dir / "trained"  # the run finished; only its evaluation may be missing
     code = run_dir / "code_version.txt"  # the commit the run started with
     if not code.is_file():
         run_dir.mkdir(parents=True, exist_ok=True)
         code.write_text(code_version("bench/learning_signal.py") + "\n")
-    if not trained.exists():
-        train(mappo_config, [*overrides, *resume_overrides(output)], run_dir / "train.log")
-        trained.touch()
-        for checkpoint in [] if keep_checkpoints else output.glob("checkpoint-*"):
-            shutil.rmtree(checkpoint)  # the final model is in output itself
+    train_to_end(mappo_config, overrides, output, run_dir / "train.log", keep_checkpoints)
     metrics = evaluate(output, args, run_dir / "eval", base=sft_model)
     return {"seed": seed, "agents": agents, "algorithm": args.algorithm, "model": str(output),
             "code_version": code.read_text().strip(),

@@ -40,9 +40,9 @@ from bench_runs import (
     ROOT,
     bench_parser,
     code_version,
-    last_checkpoint,
     paired_gain,
     print_result,
+    resume_overrides,
     train,
     write_result,
 )
@@ -91,10 +91,7 @@ def train_encoder(args: argparse.Namespace, run_dir: Path, seed: int, history: b
     encoder = output / "encoder"
     if encoder.is_dir():  # trained before the run's measurement was interrupted
         return encoder
-    checkpoint = last_checkpoint(output)
-    if checkpoint is not None:
-        overrides.append(f"resume_from_checkpoint={checkpoint}")
-    train(config, overrides, run_dir / "train.log")
+    train(config, [*overrides, *resume_overrides(output)], run_dir / "train.log")
     return encoder
 
 

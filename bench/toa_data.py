@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -53,11 +52,10 @@ from bench_runs import (
     portable,
     print_result,
     restore_archived_stages,
-    resume_overrides,
     rollout_limits,
     run_logged,
     stage,
-    train,
+    train_to_end,
     write_result,
 )
 
@@ -153,23 +151,19 @@ def evaluate(args: argparse.Namespace, model: Path, out: Path) -> dict[str, Any]
 def warm_start(args: argparse.Namespace, work: Path, dataset: str, seed: int
                ) -> dict[str, Any]:
     output = work / f"sft-{dataset}-seed{seed}" / "model"
-    if not (output / "model.safetensors").is_file():
-        train(SFT_CONFIG, [f"dataset={dataset_name(args, dataset)}", f"seed={seed}",
-                           f"output_dir={output}", f"max_steps={args.sft_steps}",
-                           *args.sft_overrides], output.parent / "train.log")
+    train_to_end(SFT_CONFIG, [f"dataset={dataset_name(args, dataset)}", f"seed={seed}",
+                              f"output_dir={output}", f"max_steps={args.sft_steps}",
+                              *args.sft_overrides], output, output.parent / "train.log")
     return {**evaluate(args, output, output.parent / "eval"), "dataset": dataset, "seed": seed,
             "model": str(output)}
 
 
 def mappo(args: argparse.Namespace, work: Path, warm: str) -> dict[str, Any]:
     output = work / "mappo" / "model"
-    if not (output / "model.safetensors").is_file():
-        overrides = [f"model_name_or_path={warm}", f"output_dir={output}",
-                     f"seed={args.seeds[0]}", f"mappo_retriever_url={args.retriever_url}",
-                     *args.overrides]
-        train(MAPPO_CONFIG, [*overrides, *resume_overrides(output)], output.parent / "train.log")
-    for checkpoint in output.glob("checkpoint-*"):  # the final model is in output itself
-        shutil.rmtree(checkpoint, ignore_errors=True)
+    train_to_end(MAPPO_CONFIG, [f"model_name_or_path={warm}", f"output_dir={output}",
+                                f"seed={args.seeds[0]}",
+                                f"mappo_retriever_url={args.retriever_url}", *args.overrides],
+                 output, output.parent / "train.log")
     return {**evaluate(args, output, output.parent / "eval"), "warm_start": warm}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,12 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def bench():
     return load_bench("learning_signal")
+
+
+@pytest.fixture(scope="module")
+def runs(bench):
+    """bench/bench_runs.py as the bench imported it: its trainings go through it."""
+    return sys.modules["bench_runs"]
 
 
 def test_paired_gain_by_hand(bench):
@@ -169,7 +176,7 @@ def test_a_lora_output_is_evaluated_as_adapters_over_the_model_it_was_trained_fr
         bench.model_arguments(empty, "warm")
 
 
-def test_a_run_resumed_after_a_cut_counts_the_seconds_of_every_attempt(bench, tmp_path,
+def test_a_run_resumed_after_a_cut_counts_the_seconds_of_every_attempt(bench, runs, tmp_path,
                                                                        monkeypatch):
     """A MAPPO run whose training is cut after 600 s and resumed for 300 s more, then evaluated
     in 40 s, reports 940 s over 2 attempts: not the last attempt's 340 s."""
@@ -191,7 +198,7 @@ def test_a_run_resumed_after_a_cut_counts_the_seconds_of_every_attempt(bench, tm
         clock.now += 40.0
         return {}
 
-    monkeypatch.setattr(bench, "train", train)
+    monkeypatch.setattr(runs, "train", train)  # train_to_end calls it
     monkeypatch.setattr(bench, "evaluate", evaluate)
     monkeypatch.setattr(bench, "summary", lambda metrics, eval_dir: {"f1": 0.5})
     monkeypatch.setattr(bench, "per_question_f1", lambda eval_dir: {"q1": 0.5})
@@ -207,7 +214,7 @@ def test_a_run_resumed_after_a_cut_counts_the_seconds_of_every_attempt(bench, tm
     assert bench.mappo_run(args, tmp_path, "seed1", 1, "", "warm") == done
 
 
-def test_a_warm_start_cut_mid_training_resumes_from_its_checkpoint(bench, tmp_path,
+def test_a_warm_start_cut_mid_training_resumes_from_its_checkpoint(bench, runs, tmp_path,
                                                                     monkeypatch):
     """An SFT warm start cut after writing ``checkpoint-20`` resumes from it (the trainer gets
     ``resume_from_checkpoint``), its checkpoints are removed once it has trained, and a cut
@@ -232,7 +239,7 @@ def test_a_warm_start_cut_mid_training_resumes_from_its_checkpoint(bench, tmp_pa
             raise cut
         return {}
 
-    monkeypatch.setattr(bench, "train", train)
+    monkeypatch.setattr(runs, "train", train)  # train_to_end calls it
     monkeypatch.setattr(bench, "evaluate", evaluate)
     monkeypatch.setattr(bench, "summary", lambda metrics, eval_dir: {"f1": 0.5})
     monkeypatch.setattr(bench, "per_question_f1", lambda eval_dir: {"q1": 0.5})
@@ -352,7 +359,8 @@ def test_a_baseline_is_paired_with_the_warm_start_and_every_seed(bench, tmp_path
 
 
 @pytest.mark.parametrize("keep", [False, True])
-def test_checkpoints_are_deleted_after_training_unless_kept(bench, tmp_path, monkeypatch, keep):
+def test_checkpoints_are_deleted_after_training_unless_kept(bench, runs, tmp_path, monkeypatch,
+                                                           keep):
     """The final model is in the run's output folder; its ``checkpoint-N`` folders go once it
     has trained, unless kept for a dev curve (``side_by_side.py --keep-checkpoints``)."""
     import argparse
@@ -365,7 +373,7 @@ def test_checkpoints_are_deleted_after_training_unless_kept(bench, tmp_path, mon
             (output / f"checkpoint-{step}").mkdir(parents=True)
         (output / "model.safetensors").write_text("final")
 
-    monkeypatch.setattr(bench, "train", train)
+    monkeypatch.setattr(runs, "train", train)  # train_to_end calls it
     monkeypatch.setattr(bench, "evaluate", lambda output, args, eval_dir, base=None: {})
     monkeypatch.setattr(bench, "summary", lambda metrics, eval_dir: {"f1": 0.5})
     monkeypatch.setattr(bench, "per_question_f1", lambda eval_dir: {"q1": 0.5})
