@@ -238,10 +238,7 @@ def _warm_start_record(args: argparse.Namespace, run_dir: Path,
                        earlier: list[dict[str, Any]]) -> dict[str, Any]:
     model = Path(args.warm_start) if args.warm_start else run_dir / "sft"
     if not args.warm_start:
-        base, _, sft_config, _ = MODELS[args.model]
-        train_to_end(sft_config, [f"model_name_or_path={args.base_model or base}", "seed=42",
-                                  f"output_dir={model}", *args.sft_overrides, *args.overrides],
-                     model, run_dir / "train.log")
+        train_warm_start(args, model)
     digest = weights_digest(model)
     record: dict[str, Any] = {"model": str(model), "trained_here": not args.warm_start,
                               "weights_sha256": digest}
@@ -257,6 +254,15 @@ def _warm_start_record(args: argparse.Namespace, run_dir: Path,
     record.update(test=summary(metrics, run_dir / "eval"),
                   per_question_f1=per_question_f1(run_dir / "eval"))
     return record
+
+
+def train_warm_start(args: argparse.Namespace, model: Path) -> None:
+    """The model's three-agent SFT config into ``model`` (resumed where it was cut), from
+    ``--base-model`` or the model's own base; its log beside ``model``."""
+    base, _, sft_config, _ = MODELS[args.model]
+    train_to_end(sft_config, [f"model_name_or_path={args.base_model or base}", "seed=42",
+                              f"output_dir={model}", *args.sft_overrides, *args.overrides],
+                 model, model.parent / "train.log")
 
 
 def earlier_warm_starts(previous: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -297,22 +303,29 @@ def mappo_run(args: argparse.Namespace, work: Path, name: str, seed: int, agents
 
 def _mappo_record(args: argparse.Namespace, run_dir: Path, name: str, seed: int, agents: str,
                   sft_model: str, keep_checkpoints: bool) -> dict[str, Any]:
-    mappo_config = rl_config(args)
     output = run_dir / "mappo"
-    overrides = [f"model_name_or_path={sft_model}", f"seed={seed}", f"output_dir={output}",
-                 f"mappo_retriever_url={args.retriever_url}", f"mappo_top_k={args.k}",
-                 f"mappo_agents={agents}", *args.mappo_overrides, *args.overrides]
     code = run_dir / "code_version.txt"  # the commit the run started with
     if not code.is_file():
         run_dir.mkdir(parents=True, exist_ok=True)
         code.write_text(code_version("bench/learning_signal.py") + "\n")
-    train_to_end(mappo_config, overrides, output, run_dir / "train.log", keep_checkpoints)
+    train_rl(args, output, seed, agents, sft_model, keep_checkpoints)
     metrics = evaluate(output, args, run_dir / "eval", base=sft_model)
     return {"seed": seed, "agents": agents, "algorithm": args.algorithm, "model": str(output),
             "code_version": code.read_text().strip(),
             "test": summary(metrics, run_dir / "eval"),
             "per_question_f1": per_question_f1(run_dir / "eval"),
             "training_last_steps": _training_tail(output)}
+
+
+def train_rl(args: argparse.Namespace, output: Path, seed: int, agents: str, sft_model: str,
+             keep_checkpoints: bool = False) -> None:
+    """One run of the RL config of ``args.algorithm`` from ``sft_model`` into ``output``
+    (resumed where it was cut; its log beside ``output``)."""
+    overrides = [f"model_name_or_path={sft_model}", f"seed={seed}", f"output_dir={output}",
+                 f"mappo_retriever_url={args.retriever_url}", f"mappo_top_k={args.k}",
+                 f"mappo_agents={agents}", *args.mappo_overrides, *args.overrides]
+    train_to_end(rl_config(args), overrides, output, output.parent / "train.log",
+                 keep_checkpoints)
 
 
 def parse_baseline(spec: str) -> tuple[str, int]:

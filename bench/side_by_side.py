@@ -41,9 +41,14 @@ and evaluation, summed over the invocations that ran it; a dependency's time is 
 Resumable run by run: each finished row is written to the JSON at once; a rerun skips every row
 whose method and settings (its key: the table's files and model, the precision, the row's
 overrides and the keys of the rows it starts from) match a finished one, and an interrupted
-training resumes from its last checkpoint. The key does not cover the contents of a row's
-config file: after editing one, remove that row's folder (``<work-dir>/<method>-<key>``) to
-rerun it. A failed row is recorded with its error and the others still run; the next
+training resumes from its last checkpoint. A trained row trains in its own folder
+(``<work-dir>/<method>-train-<key>``, keyed by the same settings less the evaluation's: the
+split, the files evaluated, ``--max-eval``, ``--rl-step``) and is evaluated in the row's
+(``<work-dir>/<method>-<key>``): a test table run in the same work folder as the dev table
+evaluates the dev table's trainings instead of training them again, and ``--rl-step N``
+evaluates the MAPPO / GRPO rows at the checkpoint chosen on dev. A row's wall time is its
+training's and its evaluation's. The keys do not cover the contents of a row's config file:
+after editing one, remove that row's folders to rerun it. A failed row is recorded with its error and the others still run; the next
 invocation tries it again. A JSON holds one table: a rerun with other files, model, split or
 ``--max-eval`` is refused (give another ``--json-out``).
 
@@ -124,7 +129,7 @@ from bench_runs import (
     portable,
     run_logged,
     stage,
-    train,
+    train_to_end,
     without_commit,
     write_result,
 )
@@ -221,6 +226,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            vs="sft_rag", data=("mappo",)),
 )}
 TRAINED = {name for name, m in METHODS.items() if m.data}
+#: The rows ``--rl-step`` evaluates at a checkpoint.
+RL_ROWS = ("mappo", "grpo")
+#: The table's keys that only its evaluation reads: a training's key leaves them out.
+EVALUATION_KEYS = ("eval_split", "eval_file", "dev_file", "test_file", "max_eval")
 
 
 class RowFailed(Exception):
@@ -320,15 +329,53 @@ class SideBySide:
                    "overrides": [], "label_source": None}
         if name == "harr":
             out.update(index=self.args.index, reward=self.harr_reward)
+        if name in RL_ROWS and self.args.rl_step:
+            out.update(rl_step=self.args.rl_step)
         return out
+
+    def training_settings(self, name: str) -> dict[str, Any]:
+        """What a trained row's training depends on: its settings less the evaluation's (the
+        split, the files evaluated, ``--max-eval``, ``--rl-step``), so that a dev table and
+        a test table of the same trainings share them instead of training twice."""
+        table = {k: v for k, v in self.table.items() if k not in EVALUATION_KEYS}
+        settings = {k: v for k, v in self.settings(name).items() if k != "rl_step"}
+        return {**settings, "table": digest(table),
+                "needs": {need: self.training_key(need) for need in METHODS[name].needs}}
 
     def key(self, name: str) -> str:
         if name not in self._keys:
             self._keys[name] = digest(self.settings(name))
         return self._keys[name]
 
+    def training_key(self, name: str) -> str:
+        return digest(self.training_settings(name))
+
     def folder(self, name: str) -> Path:
+        """The row's folder: its evaluation on this table."""
         return self.work / f"{name}-{self.key(name)}"
+
+    def training_folder(self, name: str) -> Path:
+        """Where a trained row trains, shared by every table that evaluates that training."""
+        return self.work / f"{name}-train-{self.training_key(name)}"
+
+    def trained(self, name: str, train: Callable[[Path], object]) -> dict[str, Any]:
+        """``train(folder)`` once for the row ``name``, in its training folder (resumed where
+        it was cut; a later table's row finds it done): its result, with its seconds."""
+        folder = self.training_folder(name)
+
+        def produce() -> dict[str, Any]:
+            train(folder)
+            return {"folder": str(folder)}
+
+        return stage(folder, "training", produce, SCRIPT)
+
+    def evaluated(self, name: str, training: dict[str, Any],
+                  evaluate: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+        """``evaluate(eval_dir)`` of a trained row on this table, once: its result, its
+        seconds those of the training and the evaluation."""
+        folder = self.folder(name)
+        done = stage(folder, "row", lambda: evaluate(folder / "eval"), SCRIPT)
+        return {**done, "seconds": round(done["seconds"] + training["seconds"], 1)}
 
     # -- data -------------------------------------------------------------------------------
 
@@ -389,13 +436,14 @@ class SideBySide:
                              k: int | None = None) -> dict[str, Any]:
         """``learning_signal.evaluate`` of ``model`` in ``mode`` (``k`` candidates, default
         the MAPPO config's), kept as a stage."""
-        out = self.folder(name) / "eval"
+        folder = self.folder(name)
+        return stage(folder, "row", lambda: self.three_agent_eval(model, mode, folder / "eval",
+                                                                   k=k), SCRIPT)
 
-        def produce() -> dict[str, Any]:
-            learning_signal.evaluate(Path(model), self.three_agent(), out, mode, k=k)
-            return {"model": model, "eval_dir": str(out)}
-
-        return stage(self.folder(name), "row", produce, SCRIPT)
+    def three_agent_eval(self, model: str, mode: str, out: Path, k: int | None = None,
+                         base: str | None = None) -> dict[str, Any]:
+        learning_signal.evaluate(Path(model), self.three_agent(), out, mode, base=base, k=k)
+        return {"model": model, "eval_dir": str(out)}
 
     def run_zero_shot(self) -> dict[str, Any]:
         return self.evaluate_three_agent("zero_shot", self.base_model, "qr_s_g")
@@ -404,13 +452,17 @@ class SideBySide:
         return self.evaluate_three_agent("zero_shot_rag", self.base_model, "rag")
 
     def run_sft(self) -> dict[str, Any]:
-        if not self.args.warm_start:
-            self.dataset("sft")
+        if self.args.warm_start:
+            return self.evaluate_three_agent("sft", str(Path(self.args.warm_start).resolve()),
+                                             "qr_s_g")
+        self.dataset("sft")
         ns = self.three_agent(sft_overrides=[f"dataset={DATASETS['sft']}",
                                              *self.training("sft")])
-        done = learning_signal.warm_start(ns, self.folder("sft"), [])
-        return {"model": done["model"], "eval_dir": done["test"]["eval_dir"],
-                "seconds": done["seconds"]}
+        training = self.trained("sft", lambda folder: learning_signal.train_warm_start(
+            ns, folder / "sft"))
+        model = str(self.training_folder("sft") / "sft")
+        return self.evaluated("sft", training,
+                              lambda out: self.three_agent_eval(model, "qr_s_g", out))
 
     def model_of(self, name: str) -> str:
         """The model a finished row trained (or evaluated), for the rows that start from it."""
@@ -427,17 +479,25 @@ class SideBySide:
         return self.evaluate_three_agent("sft_rag1", self.model_of("sft"), "rag", k=1)
 
     def run_rl(self, name: str) -> dict[str, Any]:
-        """MAPPO or GRPO by ``learning_signal.mappo_run`` from the warm start."""
+        """MAPPO or GRPO by ``learning_signal.train_rl`` from the warm start; evaluated at
+        its end, or at its checkpoint of step ``--rl-step``."""
         warm = self.model_of("sft")
         self.dataset("mappo")
         ns = self.three_agent(algorithm="ppo" if name == "mappo" else "grpo",
                               mappo_overrides=[f"dataset={DATASETS['mappo']}",
                                                *self.training(name)])
-        done = learning_signal.mappo_run(ns, self.work, self.folder(name).name, self.args.seed,
-                                         ",".join(learning_signal.AGENTS), warm,
-                                         keep_checkpoints=self.args.keep_checkpoints)
-        return {"model": done["model"], "eval_dir": done["test"]["eval_dir"],
-                "seconds": done["seconds"]}
+        training = self.trained(name, lambda folder: learning_signal.train_rl(
+            ns, folder / "mappo", self.args.seed, ",".join(learning_signal.AGENTS), warm,
+            keep_checkpoints=self.args.keep_checkpoints))
+        model = self.training_folder(name) / "mappo"
+        if self.args.rl_step:
+            model = model / f"checkpoint-{self.args.rl_step}"
+            if not model.is_dir():
+                raise RowFailed(f"{model} does not exist: --rl-step needs a step the training "
+                                "saved, kept by --keep-checkpoints in the run that trained it")
+        return self.evaluated(name, training,
+                              lambda out: self.three_agent_eval(str(model), "qr_s_g", out,
+                                                                base=warm))
 
     def run_mappo(self) -> dict[str, Any]:
         return self.run_rl("mappo")
@@ -447,19 +507,16 @@ class SideBySide:
 
     def run_search_sft(self) -> dict[str, Any]:
         config = self.configs["search_sft"]
-        model = self.folder("search_sft") / "model"
+        model = self.training_folder("search_sft") / "model"
         ns = self.agent_ns(sft_steps=config_value(config, "max_steps"), sft_overrides=[
             f"dataset={self.dataset('search')}", f"model_name_or_path={self.base_model}",
             *self.training("search_sft")])
+        training = self.trained("search_sft", lambda folder: search_agent.train_sft(
+            ns, "multi", model, config=config))
+        return self.evaluated("search_sft", training,
+                              lambda out: self.search_eval(ns, model, out))
 
-        def produce() -> dict[str, Any]:
-            search_agent.train_sft(ns, "multi", model, config=config)
-            return self.search_eval(ns, model)
-
-        return stage(self.folder("search_sft"), "row", produce, SCRIPT)
-
-    def search_eval(self, ns: argparse.Namespace, model: Path) -> dict[str, Any]:
-        out = model.parent / "eval"
+    def search_eval(self, ns: argparse.Namespace, model: Path, out: Path) -> dict[str, Any]:
         search_agent.evaluate(ns, model, out, None, template=self.template,
                               data_file=self.eval_file, scoring=self.scoring,
                               rl_config=self.configs["search_rl"])
@@ -468,49 +525,40 @@ class SideBySide:
     def run_search_rl(self) -> dict[str, Any]:
         warm = Path(self.model_of("search_sft"))
         config = self.configs["search_rl"]
-        model = self.folder("search_rl") / "model"
+        model = self.training_folder("search_rl") / "model"
         ns = self.agent_ns(steps=config_value(config, "max_steps"), overrides=[
             f"dataset={self.dataset('mappo')}", *self.training("search_rl")])
+        training = self.trained("search_rl", lambda folder: search_agent.train_rl(
+            ns, warm, model, self.args.seed, [], config=config))
+        return self.evaluated("search_rl", training,
+                              lambda out: self.search_eval(ns, model, out))
 
-        def produce() -> dict[str, Any]:
-            search_agent.train_rl(ns, warm, model, self.args.seed, [], config=config)
-            return self.search_eval(ns, model)
-
-        return stage(self.folder("search_rl"), "row", produce, SCRIPT)
-
-    def decision_eval(self, model: Path) -> dict[str, Any]:
-        out = model.parent / "eval"
+    def decision_eval(self, model: Path, out: Path) -> dict[str, Any]:
         decision_agent.evaluate(self.agent_ns(), model, out, data_file=self.eval_file,
                                 template=self.template, scoring=self.scoring,
                                 max_samples=self.args.max_eval)
         return {"model": str(model), "eval_dir": str(out)}
 
     def run_decision_sft(self) -> dict[str, Any]:
-        model = self.folder("decision_sft") / "model"
+        model = self.training_folder("decision_sft") / "model"
         overrides = [f"output_dir={model}", f"dataset={self.dataset('decision')}",
                      f"model_name_or_path={self.base_model}", *self.training("decision_sft")]
-
-        def produce() -> dict[str, Any]:
-            if not (model / "model.safetensors").is_file():
-                train(self.configs["decision_sft"], overrides, model.parent / "train.log")
-            return self.decision_eval(model)
-
-        return stage(self.folder("decision_sft"), "row", produce, SCRIPT)
+        training = self.trained("decision_sft", lambda folder: train_to_end(
+            self.configs["decision_sft"], overrides, model, folder / "train.log"))
+        return self.evaluated("decision_sft", training,
+                              lambda out: self.decision_eval(model, out))
 
     def run_decision_rl(self) -> dict[str, Any]:
         warm = Path(self.model_of("decision_sft"))
         config = self.configs["decision_rl"]
-        model = self.folder("decision_rl") / "model"
+        model = self.training_folder("decision_rl") / "model"
         ns = self.agent_ns(steps=config_value(config, "max_steps"), overrides=[
             f"dataset={self.dataset('mappo')}", *self.training("decision_rl")])
-
-        def produce() -> dict[str, Any]:
-            decision_agent.train_rl(ns, warm, model, self.args.seed,
-                                    config_value(config, "mappo_decision_retrieval_cost"),
-                                    config=config)
-            return self.decision_eval(model)
-
-        return stage(self.folder("decision_rl"), "row", produce, SCRIPT)
+        training = self.trained("decision_rl", lambda folder: decision_agent.train_rl(
+            ns, warm, model, self.args.seed,
+            config_value(config, "mappo_decision_retrieval_cost"), config=config))
+        return self.evaluated("decision_rl", training,
+                              lambda out: self.decision_eval(model, out))
 
     def run_harr(self) -> dict[str, Any]:
         """Retriever RL of the query encoder (``retriever_rl.train_encoder``, the warm start as
@@ -523,8 +571,6 @@ class SideBySide:
                             "(retriever RL reads its passage vectors)")
         warm = self.model_of("sft")
         config = self.configs["harr"]
-        run_dir = self.folder("harr")
-        out = run_dir / "eval"
         ns = self.agent_ns(
             model=warm, steps=config_value(config, "max_steps"),
             lr=config_value(config, "learning_rate"),
@@ -536,9 +582,11 @@ class SideBySide:
                                         f"retriever_index={self.args.index}",
                                         *self.training("harr")])
 
-        def produce() -> dict[str, Any]:
-            encoder = retriever_rl.train_encoder(ns, run_dir, self.args.seed, False,
-                                                 config=config)
+        training = self.trained("harr", lambda folder: retriever_rl.train_encoder(
+            ns, folder, self.args.seed, False, config=config))
+        encoder = self.training_folder("harr") / "train" / "encoder"
+
+        def evaluate(out: Path) -> dict[str, Any]:
             client = RetrievalClient(self.args.retriever_url, timeout=120)
             client.reload_encoder(str(encoder.resolve()))
             try:
@@ -547,7 +595,7 @@ class SideBySide:
                 client.reload_encoder(None)
             return {"model": warm, "encoder": str(encoder), "eval_dir": str(out)}
 
-        return stage(run_dir, "row", produce, SCRIPT)
+        return self.evaluated("harr", training, evaluate)
 
     # -- the table --------------------------------------------------------------------------
 
@@ -860,6 +908,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="keep the MAPPO / GRPO rows' checkpoint-N folders after training, "
                              "for their dev curve (bench/dev_curve.py; they are deleted by "
                              "default)")
+    parser.add_argument("--rl-step", dest="rl_step", type=int,
+                        help="evaluate the MAPPO / GRPO rows at their checkpoint of this step "
+                             "(chosen on dev with bench/dev_curve.py) instead of their end; "
+                             "their training kept its checkpoints (--keep-checkpoints)")
     add_precision_option(parser, default="auto")
     parser.add_argument("--work-dir", dest="work_dir",
                         help="default saves/bench/side_by_side/<world or files>-<model>")

@@ -9,7 +9,9 @@ those labels, in-process (its trainings and evaluations are subprocesses, as for
 SFT data (Selector labels from ``supporting_facts``), the warm start (SFT, 2 steps), zero-shot,
 ``rag`` with K = 5 and K = 1, MAPPO (1 step), each evaluated with the official HotpotQA scoring,
 and a HARR row that fails (no index given), run before the others. Then the same command again,
-which must start no training or evaluation for the finished rows. Nothing of the data is copied
+which must start no training or evaluation for the finished rows, and a dev table in the same
+work folder, which must evaluate the test table's trainings (MAPPO at a chosen checkpoint)
+and train nothing. Nothing of the data is copied
 into the repository: the slice is written under pytest's tmp_path.
 
 One run (the module fixture ``chain``) serves two tests: what is the distractor world's own (the
@@ -99,18 +101,19 @@ def chain(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dic
             commands.append(" ".join(map(str, command)))
         return real_run(command, *args, **kwargs)
 
-    def bench(*methods: str) -> str:
-        """The bench with ``methods``; what it printed."""
+    def bench(*methods: str, options: tuple[str, ...] = (
+            "--json-out", str(out_json), "--markdown", str(markdown))) -> str:
+        """The bench with ``methods`` (and ``options``); what it printed."""
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
-            side_by_side.main([
+            side_by_side.main([*options,
                 "--world", "distractor", "--train-file", str(files["train"]),
                 "--dev-file", str(files["dev"]), "--test-file", str(files["test"]),
                 "--rewrites-file", str(rewrites), "--index", "",  # no index: HARR's row fails
                 "--retriever-url", server.url, "--model", "tiny",
                 "--base-model", str(tiny_model_dir), "--precision", "fp32",
-                "--work-dir", str(tmp_path / "work"), "--json-out", str(out_json),
-                "--markdown", str(markdown), *OVERRIDES, "--methods", *methods])
+                "--work-dir", str(tmp_path / "work"), "--keep-checkpoints", *OVERRIDES,
+                "--methods", *methods])
         return printed.getvalue()
 
     with running_server(["--index", str(index)], log_path=tmp_path / "server.log") as server:
@@ -128,12 +131,18 @@ def chain(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dic
             first_commands = list(commands)
             # the rerun: every finished row is skipped, nothing is trained or evaluated
             rerun_out = bench("zero_shot", "mappo")
+            rerun_commands = list(commands)
+            # a dev table in the same work folder evaluates the test table's trainings (MAPPO
+            # at its checkpoint of step 1) and trains nothing
+            bench("mappo", options=("--json-out", str(tmp_path / "dev.json"), "--eval-split",
+                                    "dev", "--rl-step", "1", "--no-plot"))
     return {"files": files, "corpus_report": corpus_report, "rewrites": rewrites,
             "labels": json.loads(rewrites.with_name("qr_rewrites_report.json").read_text()),
             "work": tmp_path / "work", "out_json": out_json, "markdown": markdown,
             "first": first, "first_out": first_out, "first_commands": first_commands,
             "second": json.loads(out_json.read_text()), "rerun_out": rerun_out,
-            "commands": commands}
+            "commands": rerun_commands, "dev": json.loads((tmp_path / "dev.json").read_text()),
+            "dev_commands": commands[len(rerun_commands):]}
 
 
 @pytest.mark.slow
@@ -232,3 +241,24 @@ def test_side_by_side_on_a_real_slice(chain: dict[str, Any], tiny_model_dir: Pat
     assert capsys.readouterr().out.rstrip() == table
     assert "harr failed: harr needs --index" in table
     print("row seconds:", {n: r["seconds"] for n, r in rows.items()})
+
+    # the dev table in the same work folder: its two rows evaluated the test table's trainings
+    # (the warm start, MAPPO at its checkpoint of step 1) on the dev split, and trained nothing
+    dev = chain["dev"]
+    assert dev["table"]["eval_split"] == "dev" and dev["order"] == ["sft", "mappo"]
+    assert [kind(c) for c in chain["dev_commands"]] == ["eval", "eval"]
+    assert all(str(chain["files"]["dev"]) in c for c in chain["dev_commands"])
+    for name in ("sft", "mappo"):
+        row = dev["rows"][name]
+        assert row["status"] == "ok", row.get("error")
+        assert row["num_questions"] == SLICE["dev"]
+        assert row["key"] != rows[name]["key"]  # another table: its own evaluation
+    assert dev["rows"]["sft"]["model"] == rows["sft"]["model"]
+    assert dev["rows"]["mappo"]["model"] == str(Path(rows["mappo"]["model"]) / "checkpoint-1")
+    assert dev["rows"]["mappo"]["settings"]["rl_step"] == 1
+    assert "rl_step" not in rows["mappo"]["settings"]
+    # a row's seconds hold its training's: the dev row's are at least the training's
+    trainings = list(chain["work"].glob("mappo-train-*/training/result.json"))
+    assert len(trainings) == 1  # one MAPPO training for both tables
+    training = json.loads(trainings[0].read_text())
+    assert dev["rows"]["mappo"]["seconds"] >= training["seconds"] > 0
