@@ -48,9 +48,10 @@ split, the files evaluated, ``--max-eval``, ``--rl-step``) and is evaluated in t
 evaluates the dev table's trainings instead of training them again, and ``--rl-step N``
 evaluates the MAPPO / GRPO rows at the checkpoint chosen on dev. A row's wall time is its
 training's and its evaluation's. The keys do not cover the contents of a row's config file:
-after editing one, remove that row's folders to rerun it. A failed row is recorded with its error and the others still run; the next
-invocation tries it again. A JSON holds one table: a rerun with other files, model, split or
-``--max-eval`` is refused (give another ``--json-out``).
+after editing one, remove that row's folders to rerun it. A failed row is recorded with its
+error and the others still run; the next invocation tries it again. A JSON holds one table: a
+rerun with other files, model, split or ``--max-eval`` is refused (give another
+``--json-out``).
 
 Overrides: ``key=value`` goes to every training, ``METHOD.key=value`` to that row's training
 only (e.g. ``mappo.max_steps=4 grpo.learning_rate=1e-5 harr.retriever_reward=f1``).
@@ -488,7 +489,7 @@ class SideBySide:
                                                *self.training(name)])
         training = self.trained(name, lambda folder: learning_signal.train_rl(
             ns, folder / "mappo", self.args.seed, ",".join(learning_signal.AGENTS), warm,
-            keep_checkpoints=self.args.keep_checkpoints))
+            keep_checkpoints=self.args.keep_checkpoints or bool(self.args.rl_step)))
         model = self.training_folder(name) / "mappo"
         if self.args.rl_step:
             model = model / f"checkpoint-{self.args.rl_step}"
@@ -910,8 +911,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "default)")
     parser.add_argument("--rl-step", dest="rl_step", type=int,
                         help="evaluate the MAPPO / GRPO rows at their checkpoint of this step "
-                             "(chosen on dev with bench/dev_curve.py) instead of their end; "
-                             "their training kept its checkpoints (--keep-checkpoints)")
+                             "(chosen on dev with bench/dev_curve.py) instead of their end "
+                             "(a training done before kept its checkpoints with "
+                             "--keep-checkpoints; one run now keeps them)")
     add_precision_option(parser, default="auto")
     parser.add_argument("--work-dir", dest="work_dir",
                         help="default saves/bench/side_by_side/<world or files>-<model>")
