@@ -175,6 +175,11 @@ def test_distractor_chain_on_a_slice(chain: dict[str, Any]) -> None:
     counts = {"rewrites": improved, "question": SLICE["train"] - improved}
     assert sorted(sources[1].split(", ")) == sorted(f"{k} {n}" for k, n in counts.items() if n)
     assert "rag K = 1, warm start" in chain["first_out"]  # the table names the K = 1 baseline
+    # the evaluation reports how the Selector chose, not only how many it kept
+    metrics = json.loads(next(chain["work"].glob("sft-[0-9a-f]*/eval/metrics.json")).read_text())
+    choices = metrics["agents"]["selector"]["choices"]
+    assert sum(choices["num_selected_share"].values()) == pytest.approx(1.0)
+    assert 1 <= choices["distinct_choices"] <= SLICE["test"]
 
 
 @pytest.mark.slow

@@ -35,6 +35,7 @@ import json
 import math
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -248,6 +249,26 @@ def _mean(values: list[Any]) -> float | None:
     return fmean(numbers) if numbers else None
 
 
+def selector_choices(selections: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """How a Selector chose over the questions (each selection: the candidate indices it
+    kept): the share of questions by number of documents kept, the share that kept each
+    candidate index, how many distinct choices it made and its most frequent one with its
+    share. A Selector that learnt one constant answer, such as "keep the top candidate"
+    (``rag`` with K = 1), shows ``most_common_share`` 1.0: the mean number kept cannot tell it
+    from one that keeps one document chosen per question."""
+    n = len(selections)
+    if n == 0:
+        return {}
+    chosen = [tuple(sorted(set(s))) for s in selections]
+    sizes = Counter(len(c) for c in chosen)
+    positions = Counter(i for c in chosen for i in c)
+    top, count = Counter(chosen).most_common(1)[0]
+    return {"num_selected_share": {str(k): sizes[k] / n for k in sorted(sizes)},
+            "position_share": {str(k): positions[k] / n for k in sorted(positions)},
+            "distinct_choices": len(set(chosen)),
+            "most_common_choice": list(top), "most_common_share": count / n}
+
+
 def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
     """Aggregate metrics (fractions in [0, 1]) and per-agent statistics."""
     def column(agent: str, key: str) -> list[Any]:
@@ -273,7 +294,9 @@ def summarize(rows: list[dict[str, Any]], mode: str) -> dict[str, Any]:
                               "well_formed_rate": _mean(column("selector", "well_formed")),
                               "support_recall": _mean(column("selector", "support_recall")),
                               "support_precision": _mean(column("selector",
-                                                                "support_precision"))}
+                                                                "support_precision")),
+                              "choices": selector_choices([r["selected_ids"] for r in rows
+                                                           if "selector" in r["agent_stats"]])}
     if column("search", "turns"):
         agents["search"] = {"mean_turns": _mean(column("search", "turns")),
                             "mean_searches": _mean(column("search", "searches")),
