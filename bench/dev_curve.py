@@ -75,7 +75,7 @@ SETTINGS = "settings.json"
 #: The statistics of the evaluation summary (``learning_signal.summary``) each point reports.
 STATISTICS = ("f1", "f1_se", "em", "acc", "num_questions", "candidate_support_recall",
               "mean_subquestions", "selector_support_precision", "selector_support_recall",
-              "mean_selected", "mean_answer_words")
+              "mean_selected", "selector_most_common_share", "mean_answer_words")
 #: The settings a work folder's points were evaluated with: a rerun must use the same ones.
 SETTING_KEYS = ("run_dir", "eval_file", "max_eval", "k", "scoring", "model", "precision",
                 "algorithm")
@@ -259,7 +259,8 @@ def _num(value: float | None) -> str:
 def format_table(result: dict[str, Any]) -> str:
     """One row per step; ``*`` marks the best step on dev."""
     header = (f"{'step':>6} {'from':<11}{'F1':>6}{'+-SE':>6}{'EM':>6}{'gain':>7}{'+-SE':>6}"
-              f"{'cand rec':>9}{'sub-q':>6}{'S prec':>7}{'S rec':>7}{'S sel':>6}")
+              f"{'cand rec':>9}{'sub-q':>6}{'S prec':>7}{'S rec':>7}{'S sel':>6}"
+              f"{'S same':>7}")
     lines = [header, "-" * len(header)]
     best = (result["best"] or {}).get("step")
     for p in result["points"]:
@@ -270,7 +271,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"{_pct(d['em']):>6}{_pct(paired.get('gain')):>7}{_pct(paired.get('gain_se')):>6}"
             f"{_pct(d['candidate_support_recall']):>9}{_num(d['mean_subquestions']):>6}"
             f"{_pct(d['selector_support_precision']):>7}{_pct(d['selector_support_recall']):>7}"
-            f"{_num(d['mean_selected']):>6}")
+            f"{_num(d['mean_selected']):>6}{_pct(d.get('selector_most_common_share')):>7}")
     lines.append("-" * len(header))
     if result["best"] is None:
         lines.append("no step evaluated yet")

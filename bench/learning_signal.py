@@ -185,6 +185,8 @@ def summary(metrics: dict[str, Any], eval_dir: Path) -> dict[str, Any]:
         "selector_support_recall": selector.get("support_recall"),
         "selector_support_precision": selector.get("support_precision"),
         "mean_selected": selector.get("mean_selected"),
+        # 1.0: the Selector made one choice for every question (e.g. the top candidate)
+        "selector_most_common_share": selector.get("choices", {}).get("most_common_share"),
         "mean_answer_words": generator.get("mean_answer_words"),
         "well_formed": {a: agents.get(a, {}).get("well_formed_rate") for a in AGENTS},
         "scoring": metrics.get("scoring", {}).get("profile", "mmoa"),
