@@ -521,6 +521,18 @@ def training_tail(output: Path, keep: Callable[[str], bool], last: int = 3) -> d
     return {k: statistics.fmean(r[k] for r in rows if k in r) for k in keys}
 
 
+def training_series(output: Path, keys: tuple[str, ...]) -> dict[str, list[float | None]]:
+    """Each of ``keys`` at every logged RL step (None where a step did not log it; keys no step
+    logged are left out), from ``trainer_state.json`` as :func:`training_tail`: a table row
+    reports how its training went step by step, e.g. the share of GRPO groups with no reward
+    variance (``grpo/zero_variance_fraction``), which gives no gradient."""
+    state = output / "trainer_state.json"
+    if not state.is_file():
+        return {}
+    rows = [entry for entry in json.loads(state.read_text())["log_history"] if "reward" in entry]
+    return {k: [r.get(k) for r in rows] for k in keys if any(k in r for r in rows)}
+
+
 def bench_parser(doc: str, work_dir: str, seeds: tuple[int, ...] = (1, 2, 3)
                  ) -> argparse.ArgumentParser:
     """The options every training bench has: seeds, the retrieval server, the work folder,

@@ -72,6 +72,8 @@ JSON (``--json-out``, default ``<work-dir>/side_by_side.json``)::
          "candidate_recall": float | null, "scoring_profile", "eval_dir",
          "per_question_f1": {id: f1}, "encoder" (harr only: the trained query encoder),
          "paired": {"vs", "gain", "gain_se", "n"} | null,   # fractions, as F1
+         "training": {key: [value per logged step]},  # RL rows: reward, answer_f1,
+                                                      # grpo/zero_variance_fraction, time/step
          # failed rows:
          "error"}}}
 
@@ -131,6 +133,7 @@ from bench_runs import (
     run_logged,
     stage,
     train_to_end,
+    training_series,
     without_commit,
     write_result,
 )
@@ -229,6 +232,12 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 TRAINED = {name for name, m in METHODS.items() if m.data}
 #: The rows ``--rl-step`` evaluates at a checkpoint.
 RL_ROWS = ("mappo", "grpo")
+#: The folder in an RL row's training folder its trainer writes the model (and
+#: trainer_state.json) to.
+RL_OUTPUT = {"mappo": "mappo", "grpo": "mappo", "search_rl": "model", "decision_rl": "model"}
+#: What an RL row reports of its training, step by step (the JSON's ``training``): the rollout
+#: reward and answer F1, and for GRPO the share of groups with no reward variance.
+TRAINING_KEYS = ("reward", "answer_f1", "grpo/zero_variance_fraction", "time/step")
 #: The table's keys that only its evaluation reads: a training's key leaves them out.
 EVALUATION_KEYS = ("eval_split", "eval_file", "dev_file", "test_file", "max_eval")
 
@@ -359,6 +368,10 @@ class SideBySide:
         """Where a trained row trains, shared by every table that evaluates that training."""
         return self.work / f"{name}-train-{self.training_key(name)}"
 
+    def rl_output(self, name: str) -> Path:
+        """Where the RL row ``name`` trains its model."""
+        return self.training_folder(name) / RL_OUTPUT[name]
+
     def trained(self, name: str, train: Callable[[Path], object]) -> dict[str, Any]:
         """``train(folder)`` once for the row ``name``, in its training folder (resumed where
         it was cut; a later table's row finds it done): its result, with its seconds."""
@@ -487,12 +500,13 @@ class SideBySide:
         ns = self.three_agent(algorithm="ppo" if name == "mappo" else "grpo",
                               mappo_overrides=[f"dataset={DATASETS['mappo']}",
                                                *self.training(name)])
+        output = self.rl_output(name)
         training = self.trained(name, lambda folder: learning_signal.train_rl(
-            ns, folder / "mappo", self.args.seed, ",".join(learning_signal.AGENTS), warm,
+            ns, output, self.args.seed, ",".join(learning_signal.AGENTS), warm,
             keep_checkpoints=self.args.keep_checkpoints or bool(self.args.rl_step)))
-        model = self.training_folder(name) / "mappo"
+        model = output
         if self.args.rl_step:
-            model = model / f"checkpoint-{self.args.rl_step}"
+            model = output / f"checkpoint-{self.args.rl_step}"
             if not model.is_dir():
                 raise RowFailed(f"{model} does not exist: --rl-step needs a step the training "
                                 "saved, kept by --keep-checkpoints in the run that trained it")
@@ -526,7 +540,7 @@ class SideBySide:
     def run_search_rl(self) -> dict[str, Any]:
         warm = Path(self.model_of("search_sft"))
         config = self.configs["search_rl"]
-        model = self.training_folder("search_rl") / "model"
+        model = self.rl_output("search_rl")
         ns = self.agent_ns(steps=config_value(config, "max_steps"), overrides=[
             f"dataset={self.dataset('mappo')}", *self.training("search_rl")])
         training = self.trained("search_rl", lambda folder: search_agent.train_rl(
@@ -552,7 +566,7 @@ class SideBySide:
     def run_decision_rl(self) -> dict[str, Any]:
         warm = Path(self.model_of("decision_sft"))
         config = self.configs["decision_rl"]
-        model = self.training_folder("decision_rl") / "model"
+        model = self.rl_output("decision_rl")
         ns = self.agent_ns(steps=config_value(config, "max_steps"), overrides=[
             f"dataset={self.dataset('mappo')}", *self.training("decision_rl")])
         training = self.trained("decision_rl", lambda folder: decision_agent.train_rl(
@@ -652,6 +666,8 @@ class SideBySide:
                        seconds=done.get("seconds", round(time.perf_counter() - started, 1)))
             if "encoder" in done:
                 row["encoder"] = done["encoder"]
+            if name in RL_OUTPUT:
+                row["training"] = training_series(self.rl_output(name), TRAINING_KEYS)
         except (Exception, SystemExit) as exc:  # a failed stage exits (run_logged)
             message = str(exc) if isinstance(exc, (SystemExit, RowFailed)) else \
                 "".join(traceback.format_exception(exc)[-3:])

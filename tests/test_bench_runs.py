@@ -37,6 +37,20 @@ def test_training_tail_reads_every_logged_key_of_the_last_steps(runs, tmp_path: 
     assert runs.training_tail(tmp_path / "missing", lambda k: True) == {}
 
 
+def test_training_series_is_each_key_at_every_rl_step(runs, tmp_path: Path) -> None:
+    history = [
+        {"step": 1, "reward": 0.1, "grpo/zero_variance_fraction": 0.5},
+        {"step": 2, "reward": 0.3},  # this step did not log the fraction
+        {"step": 3, "reward": 0.5, "grpo/zero_variance_fraction": 0.25},
+        {"train_runtime": 12.0, "train_loss": 0.45},  # the end-of-training summary
+    ]
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    series = runs.training_series(tmp_path, ("reward", "grpo/zero_variance_fraction", "kl"))
+    assert series == {"reward": [0.1, 0.3, 0.5],
+                      "grpo/zero_variance_fraction": [0.5, None, 0.25]}  # "kl": never logged
+    assert runs.training_series(tmp_path / "missing", ("reward",)) == {}
+
+
 def test_last_checkpoint_is_the_highest_step(runs, tmp_path: Path) -> None:
     assert runs.last_checkpoint(tmp_path) is None
     for name in ("checkpoint-3", "checkpoint-12", "checkpoint-9", "checkpoint-x"):

@@ -215,6 +215,8 @@ def test_side_by_side_on_a_real_slice(chain: dict[str, Any], tiny_model_dir: Pat
     assert rows["sft"]["paired"]["vs"] == "zero_shot"
     assert rows["zero_shot"]["paired"] is None
     assert rows["mappo"]["settings"]["needs"] == {"sft": rows["sft"]["key"]}
+    training = rows["mappo"]["training"]  # its one step, as its trainer logged it
+    assert len(training["reward"]) == len(training["time/step"]) == 1
 
     # the failed row is recorded, and the rows after it still ran: the warm start's training
     # and evaluation came before it, zero-shot's and the rag rows' evaluations and MAPPO after
