@@ -74,11 +74,17 @@ def measure(args: argparse.Namespace, client: Any, generator: Any, encoder: Path
         client.reload_encoder(None)
 
 
+def encoder_path(run_dir: Path) -> Path:
+    """Where :func:`train_encoder` writes the trained query encoder of a run in ``run_dir``."""
+    return run_dir / "train" / "encoder"
+
+
 def train_encoder(args: argparse.Namespace, run_dir: Path, seed: int, history: bool,
                   config: str = CONFIG) -> Path:
     """One ``retriever_rl`` run of ``config`` (resumed from its last checkpoint); returns its
-    encoder."""
-    output = run_dir / "train"
+    encoder (:func:`encoder_path`)."""
+    encoder = encoder_path(run_dir)
+    output = encoder.parent
     overrides = [f"output_dir={output}", f"seed={seed}", f"max_steps={args.steps}",
                  f"learning_rate={args.lr}", f"save_steps={args.save_steps}",
                  f"model_name_or_path={args.model}", f"retriever_url={args.retriever_url}",
@@ -88,7 +94,6 @@ def train_encoder(args: argparse.Namespace, run_dir: Path, seed: int, history: b
                  f"retriever_reward={args.reward}",
                  # a recall reward needs no answers: skip the generator in training
                  f"retriever_log_answer_f1={str(args.reward == 'f1').lower()}", *args.overrides]
-    encoder = output / "encoder"
     if encoder.is_dir():  # trained before the run's measurement was interrupted
         return encoder
     train(config, [*overrides, *resume_overrides(output)], run_dir / "train.log")

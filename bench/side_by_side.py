@@ -73,7 +73,8 @@ JSON (``--json-out``, default ``<work-dir>/side_by_side.json``)::
          "per_question_f1": {id: f1}, "encoder" (harr only: the trained query encoder),
          "paired": {"vs", "gain", "gain_se", "n"} | null,   # fractions, as F1
          "training": {key: [value per logged step]},  # RL rows: reward, answer_f1,
-                                                      # grpo/zero_variance_fraction, time/step
+                                                      # grpo/zero_variance_fraction, time/step;
+                                                      # every step trained, also past --rl-step
          # failed rows:
          "error"}}}
 
@@ -472,11 +473,10 @@ class SideBySide:
         self.dataset("sft")
         ns = self.three_agent(sft_overrides=[f"dataset={DATASETS['sft']}",
                                              *self.training("sft")])
-        training = self.trained("sft", lambda folder: learning_signal.train_warm_start(
-            ns, folder / "sft"))
-        model = str(self.training_folder("sft") / "sft")
+        model = self.training_folder("sft") / "sft"
+        training = self.trained("sft", lambda folder: learning_signal.train_warm_start(ns, model))
         return self.evaluated("sft", training,
-                              lambda out: self.three_agent_eval(model, "qr_s_g", out))
+                              lambda out: self.three_agent_eval(str(model), "qr_s_g", out))
 
     def model_of(self, name: str) -> str:
         """The model a finished row trained (or evaluated), for the rows that start from it."""
@@ -599,7 +599,7 @@ class SideBySide:
 
         training = self.trained("harr", lambda folder: retriever_rl.train_encoder(
             ns, folder, self.args.seed, False, config=config))
-        encoder = self.training_folder("harr") / "train" / "encoder"
+        encoder = retriever_rl.encoder_path(self.training_folder("harr"))
 
         def evaluate(out: Path) -> dict[str, Any]:
             client = RetrievalClient(self.args.retriever_url, timeout=120)
