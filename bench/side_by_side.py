@@ -51,7 +51,9 @@ training's and its evaluation's. The keys do not cover the contents of a row's c
 after editing one, remove that row's folders to rerun it. A failed row is recorded with its
 error and the others still run; the next invocation tries it again. A JSON holds one table: a
 rerun with other files, model, split or ``--max-eval`` is refused (give another
-``--json-out``).
+``--json-out``). MAPPO with several seeds: one JSON per ``--seed`` in one work folder (the
+seeds share the warm start and the baselines, which do not depend on the seed), then
+``bench/seed_table.py`` pools them.
 
 Overrides: ``key=value`` goes to every training, ``METHOD.key=value`` to that row's training
 only (e.g. ``mappo.max_steps=4 grpo.learning_rate=1e-5 harr.retriever_reward=f1``).
@@ -236,6 +238,9 @@ RL_ROWS = ("mappo", "grpo")
 #: The folder in an RL row's training folder its trainer writes the model (and
 #: trainer_state.json) to.
 RL_OUTPUT = {"mappo": "mappo", "grpo": "mappo", "search_rl": "model", "decision_rl": "model"}
+#: The rows whose training draws from ``--seed`` (the RL rows, HARR's retriever RL); the SFT
+#: rows train with their config's seed, so the tables of several seeds share them.
+SEEDED = (*RL_OUTPUT, "harr")
 #: What an RL row reports of its training, step by step (the JSON's ``training``): the rollout
 #: reward and answer F1, and for GRPO the share of groups with no reward variance.
 TRAINING_KEYS = ("reward", "answer_f1", "grpo/zero_variance_fraction", "time/step")
@@ -331,8 +336,9 @@ class SideBySide:
                                "precision": self.args.precision,
                                "needs": {need: self.key(need) for need in method.needs}}
         if method.data:
-            out.update(overrides=self.training(name)[1:],
-                       label_source=self.args.label_source, seed=self.args.seed)
+            out.update(overrides=self.training(name)[1:], label_source=self.args.label_source)
+        if name in SEEDED:
+            out.update(seed=self.args.seed)
             if self.args.rewrites_file and "sft" in method.data:
                 out.update(rewrites=file_digest(Path(self.args.rewrites_file)))
         if name == "sft" and self.args.warm_start:
@@ -920,7 +926,10 @@ def build_parser() -> argparse.ArgumentParser:
                         default="test")
     parser.add_argument("--max-eval", dest="max_eval", type=int,
                         help="evaluate on the first N questions of the split only")
-    parser.add_argument("--seed", type=int, default=1, help="the seed of the RL rows")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="the seed of the RL rows and HARR's; the other rows do not depend "
+                             "on it, so the tables of several seeds run in one --work-dir share "
+                             "them (bench/seed_table.py pools the seeds)")
     parser.add_argument("--keep-checkpoints", dest="keep_checkpoints", action="store_true",
                         help="keep the MAPPO / GRPO rows' checkpoint-N folders after training, "
                              "for their dev curve (bench/dev_curve.py; they are deleted by "

@@ -176,3 +176,22 @@ def test_a_failed_stage_is_the_rows_error_not_the_tables(sbs, tmp_path, monkeypa
     with pytest.raises(pytest.fail.Exception):  # the test runner's own exits pass through
         monkeypatch.setattr(bench, "run_zero_shot", lambda: pytest.fail("timeout"))
         bench.run_row("zero_shot")
+
+
+def test_only_the_seeded_rows_depend_on_the_seed(sbs, tmp_path):
+    """A table of another ``--seed`` in the same work folder retrains the RL rows and HARR and
+    shares the SFT rows and the baselines evaluated from them (bench/seed_table.py pools the
+    seeds against those shared rows)."""
+    def bench(seed: int):
+        args = sbs.build_parser().parse_args(["--model", "tiny", "--scoring", "demo",
+                                              "--work-dir", str(tmp_path), "--seed", str(seed)])
+        args.precision, args.train_precision = "fp32", ["bf16=false"]
+        return sbs.SideBySide(args)
+
+    one, two = bench(1), bench(2)
+    assert set(sbs.SEEDED) == {"mappo", "grpo", "search_rl", "decision_rl", "harr"}
+    for name in sbs.METHODS:
+        same = name not in sbs.SEEDED
+        assert (one.key(name) == two.key(name)) is same, name
+        if name in sbs.TRAINED:
+            assert (one.training_folder(name) == two.training_folder(name)) is same, name
