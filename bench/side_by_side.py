@@ -141,6 +141,8 @@ from bench_runs import (
     write_result,
 )
 
+from mmoa.data.sft_builder import CANDIDATE_ORDERS
+
 SCRIPT = "bench/side_by_side.py"
 SCHEMA = 1
 #: What a table JSON must hold to be printed or resumed (bench_runs.read_json_object).
@@ -323,6 +325,8 @@ class SideBySide:
         sources = [args.train_file, args.label_source, self.k]
         if args.rewrites_file:  # kept out of the digest where absent: old folders stay valid
             sources.append(file_digest(Path(args.rewrites_file)))
+        if args.candidate_order != "shuffled":  # likewise
+            sources.append(args.candidate_order)
         self.data_dir = self.work / f"data-{digest(sources)}"
         self.harr_reward = WORLDS.get(args.world or "", {}).get("harr_reward", HARR_REWARD)
         self._keys: dict[str, str] = {}
@@ -337,10 +341,12 @@ class SideBySide:
                                "needs": {need: self.key(need) for need in method.needs}}
         if method.data:
             out.update(overrides=self.training(name)[1:], label_source=self.args.label_source)
-        if name in SEEDED:
-            out.update(seed=self.args.seed)
             if self.args.rewrites_file and "sft" in method.data:
                 out.update(rewrites=file_digest(Path(self.args.rewrites_file)))
+            if self.args.candidate_order != "shuffled" and "sft" in method.data:
+                out.update(candidate_order=self.args.candidate_order)  # else the old keys
+        if name in SEEDED:
+            out.update(seed=self.args.seed)
         if name == "sft" and self.args.warm_start:
             out = {**out, "warm_start": str(Path(self.args.warm_start).resolve()),
                    "overrides": [], "label_source": None}
@@ -409,6 +415,7 @@ class SideBySide:
         commands = {
             "sft": mmoa_cli("data", "sft", *source, "--retriever_url", url, "--k", str(self.k),
                             "--label_source", self.args.label_source,
+                            "--candidate_order", self.args.candidate_order,
                             *(["--rewrites_file", self.args.rewrites_file]
                               if self.args.rewrites_file else [])),
             "mappo": mmoa_cli("data", "mappo", *source),
@@ -906,6 +913,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--label-source", dest="label_source",
                         choices=["heuristic", "supporting"],
                         help="the Selector's SFT labels (demo: heuristic, real: supporting)")
+    parser.add_argument("--candidate-order", dest="candidate_order",
+                        choices=CANDIDATE_ORDERS, default="shuffled",
+                        help="the Selector's candidates in its SFT records: shuffled (MMOA-RAG, "
+                             "default) or ranked (the order the pipeline shows it: mmoa-cli data "
+                             "sft --candidate_order)")
     parser.add_argument("--index", help="the index folder the server serves (the HARR row "
                                         "needs it; demo: data/demo/index)")
     parser.add_argument("--rewrites-file", dest="rewrites_file",

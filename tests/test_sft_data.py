@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from mmoa.agents.candidates import merge_candidates
 from mmoa.agents.parsers import parse_answer, parse_selection, parse_subquestions
 from mmoa.agents.prompts import AgentPrompt
 from mmoa.cli import main as cli_main
@@ -17,6 +19,7 @@ from mmoa.data.loaders import load_qa
 from mmoa.data.registry import read_dataset_info
 from mmoa.data.sft_builder import (
     SFTBuildConfig,
+    agent_records,
     build_sft_records,
     is_heuristic_positive,
     label_words,
@@ -169,6 +172,31 @@ def test_unknown_dataset_and_missing_file(tmp_path: Path, capsys) -> None:
                      "--dataset_dir", str(tmp_path)]) == 2
     assert "x.jsonl" in capsys.readouterr().err
     assert not (tmp_path / "dataset_info.json").exists()
+
+
+def test_ranked_candidates_keep_the_pipelines_order(tiny_world_dir: Path,
+                                                     tiny_server_url: str) -> None:
+    """``candidate_order="ranked"``: the Selector's record shows the candidates in the order
+    the pipeline merges them (its rollouts and evaluation see that order); the default
+    shuffles them, with the same labels by content."""
+    records = load_qa(tiny_world_dir / "train.jsonl", "demo")[:8]
+    client = RetrievalClient(tiny_server_url)
+    config = SFTBuildConfig(label_source="supporting", k=5)
+    ranked, report = build_sft_records(records, client, replace(config, candidate_order="ranked"))
+    shuffled, _ = build_sft_records(records, client, config)
+    assert report.candidate_order == "ranked" and "candidates ranked" in report.lines()[3]
+    moved = 0
+    for i, qa in enumerate(records):
+        merged = merge_candidates([client.search_documents([q], 5)[0]
+                                   for q in qa.decomposition], 5)
+        expected = agent_records(qa.question, qa.decomposition, [c.text for c in merged], [],
+                                 None)[1]
+        assert ranked[3 * i + 1]["input"] == expected["input"]
+        moved += ranked[3 * i + 1]["input"] != shuffled[3 * i + 1]["input"]
+        assert ranked[3 * i + 2]["output"] == shuffled[3 * i + 2]["output"]
+    assert moved > 0
+    with pytest.raises(ValueError, match="candidate_order"):
+        SFTBuildConfig(candidate_order="sorted")  # type: ignore[arg-type]
 
 
 def test_rewrites_file_feeds_the_qr_targets(tiny_world_dir: Path, tiny_server_url: str,

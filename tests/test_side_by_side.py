@@ -195,3 +195,37 @@ def test_only_the_seeded_rows_depend_on_the_seed(sbs, tmp_path):
         assert (one.key(name) == two.key(name)) is same, name
         if name in sbs.TRAINED:
             assert (one.training_folder(name) == two.training_folder(name)) is same, name
+
+
+def test_ranked_candidates_are_another_warm_start(sbs, tmp_path):
+    """``--candidate-order ranked`` builds its own SFT data (another data folder, so another
+    warm start); the default keeps the folders of tables run before the option existed."""
+    def bench(*extra: str):
+        args = sbs.build_parser().parse_args(["--model", "tiny", "--scoring", "demo",
+                                              "--train-file", "train.json",
+                                              "--work-dir", str(tmp_path), *extra])
+        args.precision, args.train_precision = "fp32", ["bf16=false"]
+        return sbs.SideBySide(args)
+
+    default, ranked = bench(), bench("--candidate-order", "ranked")
+    sources = ["train.json", default.args.label_source, default.k]
+    assert default.data_dir.name == f"data-{sbs.digest(sources)}"
+    assert ranked.data_dir != default.data_dir
+    assert ranked.key("sft") != default.key("sft")
+
+
+def test_the_qr_labels_are_in_the_warm_starts_key(sbs, tmp_path):
+    """Another rewrites file (the Query Rewriter's SFT labels) is another warm start, and so
+    another key for every row built on it."""
+    def bench(content: str):
+        rewrites = tmp_path / f"rewrites-{len(content)}.json"
+        rewrites.write_text(content)
+        args = sbs.build_parser().parse_args(["--model", "tiny", "--scoring", "demo",
+                                              "--work-dir", str(tmp_path),
+                                              "--rewrites-file", str(rewrites)])
+        args.precision, args.train_precision = "fp32", ["bf16=false"]
+        return sbs.SideBySide(args)
+
+    one, two = bench("[]"), bench('[{"source": "q", "target": "a; b"}]')
+    for name in ("sft", "sft_rag", "mappo"):
+        assert one.key(name) != two.key(name), name

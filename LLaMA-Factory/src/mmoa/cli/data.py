@@ -35,6 +35,10 @@ SFT_OPTIONS: Mapping[str, Option] = {
                            "passages (by passage id, or by title for HotpotQA / 2Wiki)",
                            default=FIELD_DEFAULT),
     "k": Option("candidates per question", default=FIELD_DEFAULT),
+    "candidate_order": Option("the Selector's candidates: shuffled (MMOA-RAG: positives at "
+                              "random positions) or ranked (the retrieval order the pipeline "
+                              "shows at rollout and evaluation, rank prior kept)",
+                              default=FIELD_DEFAULT),
     "seed": Option("seed of the candidate shuffling", default=FIELD_DEFAULT),
 }
 

@@ -11,7 +11,10 @@ prompt definitions of :mod:`mmoa.agents.prompts` (the ones rollouts and evaluati
   contains an answer word after stop-word removal (question words for yes/no answers), the
   heuristic of the original system, or — as an option — when it is a gold supporting passage
   (by passage id, or by title for HotpotQA / 2Wiki, which name titles: :mod:`mmoa.data.support`).
-  The candidates are shuffled so positives sit at random positions.
+  The candidates are shuffled so positives sit at random positions (MMOA-RAG's layout), or,
+  with ``candidate_order="ranked"``, kept in the merged retrieval order the pipeline shows the
+  Selector at rollout and evaluation time: shuffled labels teach a position-free choice but
+  hide the rank, the strongest prior where the first candidate is usually gold.
 * **Generator** — ``**gold answer**`` given the positive documents renumbered from 0, or the
   no-document prompt when there are none.
 
@@ -29,7 +32,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 from mmoa.agents.candidates import Candidate, merge_candidates
 from mmoa.agents.prompts import (
@@ -47,6 +50,9 @@ from mmoa.data.support import GoldSupport
 from mmoa.fileio import DataFormatError, atomic_path, atomic_write_jsonl, read_utf8_text
 
 LabelSource = Literal["heuristic", "supporting"]
+#: The order of the Selector's candidates in its SFT records (see the module docstring).
+CandidateOrder = Literal["shuffled", "ranked"]
+CANDIDATE_ORDERS: tuple[str, ...] = get_args(CandidateOrder)
 
 #: Function words that say nothing about whether a document holds the answer.
 _STOP_WORDS_TEXT = """
@@ -92,8 +98,14 @@ class SFTBuildConfig:
     name: str = "demo_sft"
     k: int = 10
     label_source: LabelSource = "heuristic"
+    candidate_order: CandidateOrder = "shuffled"
     seed: int = 42
     request_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.candidate_order not in CANDIDATE_ORDERS:
+            raise ValueError(f"candidate_order must be one of {', '.join(CANDIDATE_ORDERS)}, "
+                             f"got {self.candidate_order!r}")
 
 
 @dataclass
@@ -103,6 +115,7 @@ class SFTBuildReport:
     records: dict[str, int] = field(default_factory=dict)
     qr_target_sources: Counter[str] = field(default_factory=Counter)
     label_source: str = "heuristic"
+    candidate_order: str = "shuffled"
     empty_selection_rate: float = 0.0
     mean_positives: float = 0.0
     supporting_precision: float | None = None
@@ -121,7 +134,8 @@ class SFTBuildReport:
         out.append("  records: " + ", ".join(f"{a} {n}" for a, n in self.records.items()))
         out.append("  QR targets from: " + ", ".join(
             f"{src} {n}" for src, n in sorted(self.qr_target_sources.items())))
-        out.append(f"  Selector labels: {self.label_source}; mean positives "
+        out.append(f"  Selector labels: {self.label_source}, candidates "
+                   f"{self.candidate_order}; mean positives "
                    f"{self.mean_positives:.2f} of K; empty selections "
                    f"{100 * self.empty_selection_rate:.1f}%")
         if self.supporting_precision is not None:
@@ -236,7 +250,8 @@ def build_sft_records(
             )
     rewrites = rewrites or {}
     rng = random.Random(config.seed)
-    report = SFTBuildReport(label_source=config.label_source)
+    report = SFTBuildReport(label_source=config.label_source,
+                            candidate_order=config.candidate_order)
     targets = []
     for record in records:
         subquestions, source = qr_target(record, rewrites)
@@ -251,7 +266,8 @@ def build_sft_records(
     label_hits = label_total = gold_hits = gold_total = 0
     for record, support, subquestions in zip(records, supports, targets, strict=True):
         candidates: list[Candidate] = merge_candidates([ranked[s] for s in subquestions], config.k)
-        rng.shuffle(candidates)
+        if config.candidate_order == "shuffled":
+            rng.shuffle(candidates)
         texts = [c.text for c in candidates]
         if config.label_source == "supporting":
             positive = [support is not None and support.matches(c) for c in candidates]
