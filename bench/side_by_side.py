@@ -173,7 +173,8 @@ WORLDS: dict[str, dict[str, str]] = {
                    "rewrites_file": str(ROOT / "data/hotpotqa_distractor/qr_rewrites.json")},
 }
 #: HARR's training reward where no world names one: the answer F1 of the frozen warm start
-#: (HARR's own; the recall reward needs gold passage ids, which HotpotQA files lack).
+#: (HARR's own; ``harr.retriever_reward=recall`` trains on the gold passages' recall, by id or
+#: by HotpotQA's titles).
 HARR_REWARD = "f1"
 #: ``--scoring`` -> the evaluator's profile (``demo``: its default, MMOA-RAG's normaliser).
 SCORING_PROFILES = {"demo": None, "hotpotqa": "hotpotqa"}

@@ -15,6 +15,7 @@ from mmoa.retrieval.client import RetrievalClient
 from mmoa.train.retriever_rl.evaluate import (
     evaluate_encoder,
     frozen_generator,
+    has_gold_passages,
     summarize,
     support_recall,
 )
@@ -54,6 +55,12 @@ def test_support_recall_and_summary_by_type() -> None:
     assert support_recall(record, _ranked("p", 3)) == 1.0  # p0, p1, p2: both gold ones
     with pytest.raises(ValueError, match="no gold passage"):
         support_recall(QARecord(id="n", question="q", answers=["a"]), [])
+    titled = QARecord(id="t", question="q", answers=["a"], supporting_titles=["A", "C"])
+    assert has_gold_passages(titled) and not has_gold_passages(
+        QARecord(id="n", question="q", answers=["a"]))
+    # HotpotQA names titles: matched on the passage's first line, the corpus's title
+    assert support_recall(titled, [{"id": "x1", "contents": "A\na"},
+                                   {"id": "x2", "contents": "B\nb"}]) == 0.5
     rows = [{"id": "a", "type": "x", "recall@5": 1.0, "f1": 1.0, "em": 1.0},
             {"id": "b", "type": "x", "recall@5": 0.5, "f1": 0.0, "em": 0.0},
             {"id": "c", "type": "y", "recall@5": 0.0, "f1": 0.5, "em": 0.0}]

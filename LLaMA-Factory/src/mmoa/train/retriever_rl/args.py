@@ -31,7 +31,8 @@ STAGE = "retriever_rl"
 FINETUNING_TYPES = ("lora", "full")
 GENERATOR_MODES = ("rag",)
 #: ``f1``: token F1 of the frozen generator's answer (HARR); ``recall``: the fraction of the
-#: question's gold passages among the sampled documents (needs ``supporting_ids``), a
+#: question's gold passages among the sampled documents (needs them: ``supporting_ids``, or
+#: the ``supporting_titles`` of HotpotQA / 2Wiki, matched by title), a
 #: retrieval-only reward for data with passage labels and for checking the loop without an LLM
 #: that can answer.
 REWARDS = ("f1", "recall")

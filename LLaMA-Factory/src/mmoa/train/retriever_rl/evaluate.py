@@ -3,10 +3,11 @@
 What the ``retriever_rl`` stage trains is measured with the same states it trained on: one
 greedy retrieval per sub-query (``retriever_queries``), each state with or without its history
 (``retriever_history``), the history observing the top ``top_k`` passages as the rollout does.
-Per question: the recall of its gold passages (``supporting_ids``) among the top ``k`` of every
-round, for each ``k`` of ``recall_at`` (the top ``k`` of each round together, duplicates once),
-and, with a generator, the answer's EM and F1 when the frozen generator answers from the top
-``top_k`` of every round (the rollout's documents).
+Per question: the recall of its gold passages (``supporting_ids``, or the titles of
+``supporting_titles`` for HotpotQA / 2Wiki: :class:`mmoa.data.support.GoldSupport`) among the
+top ``k`` of every round, for each ``k`` of ``recall_at`` (the top ``k`` of each round
+together, duplicates once), and, with a generator, the answer's EM and F1 when the frozen
+generator answers from the top ``top_k`` of every round (the rollout's documents).
 
 The server embeds the queries with whichever encoder it serves: make it serve the one to be
 measured first (``RetrievalClient.reload_encoder``). For ``retriever_queries: question`` the
@@ -61,6 +62,15 @@ def answer_documents(generator: Any, questions: Sequence[str],
             for call in generator.generate("generator", prompts)]
 
 
+def has_gold_passages(record: QARecord) -> bool:
+    """Whether ``record`` names its gold passages (ids, or titles), as the recall needs."""
+    return GoldSupport.of(record) is not None
+
+
+#: What a question needs for the recall (the errors that refuse one without say it).
+GOLD_PASSAGES = "gold passages (supporting_ids, or supporting_titles for HotpotQA / 2Wiki)"
+
+
 def support_recall(record: QARecord, documents: Iterable[dict[str, Any]]) -> float:
     """Fraction of ``record``'s gold passages among the retrieved ``{"id", "contents"}``
     documents: the project's one matching rule (:class:`mmoa.data.support.GoldSupport`; its
@@ -89,10 +99,10 @@ def evaluate_encoder(records: Sequence[QARecord], client: Any, *, queries: str, 
 
     if not records:
         raise ValueError("no questions to evaluate")
-    unlabelled = [r.id for r in records if not r.supporting_ids]
+    unlabelled = [r.id for r in records if not has_gold_passages(r)]
     if unlabelled:
-        raise ValueError(f"recall needs the gold passage ids (supporting_ids) of every "
-                         f"question; {len(unlabelled)} have none (e.g. {unlabelled[0]!r})")
+        raise ValueError(f"recall needs the {GOLD_PASSAGES} of every question; "
+                         f"{len(unlabelled)} have none (e.g. {unlabelled[0]!r})")
     depth = max(top_k, *recall_at)
 
     def greedy(states: list[str], _hop: int) -> list[dict[str, Any]]:

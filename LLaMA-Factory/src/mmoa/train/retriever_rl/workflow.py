@@ -55,7 +55,11 @@ class RetrieverRLTrainer:
         from mmoa.retrieval.client import RetrievalClient
         from mmoa.retrieval.encoder import EncoderFolderError
         from mmoa.train.prompt_set import load_mappo_records
-        from mmoa.train.retriever_rl.evaluate import frozen_generator
+        from mmoa.train.retriever_rl.evaluate import (
+            GOLD_PASSAGES,
+            frozen_generator,
+            has_gold_passages,
+        )
         from mmoa.train.retriever_rl.policy import (
             DocumentVectors,
             QueryEncoderPolicy,
@@ -68,11 +72,11 @@ class RetrieverRLTrainer:
                                       timeout=args.retriever_timeout)
         health = self.client.wait_until_ready(timeout=30)
         self.records = load_mappo_records(args.dataset, args.dataset_dir, args.max_samples)
-        unlabelled = [r.id for r in self.records if not r.supporting_ids]
+        unlabelled = [r.id for r in self.records if not has_gold_passages(r)]
         if args.retriever_reward == "recall" and unlabelled:
-            raise ValueError(f"retriever_reward: recall needs the gold passage ids "
-                             f"(supporting_ids) of every question; {len(unlabelled)} of "
-                             f"dataset {args.dataset!r} have none (e.g. {unlabelled[0]!r})")
+            raise ValueError(f"retriever_reward: recall needs the {GOLD_PASSAGES} of every "
+                             f"question; {len(unlabelled)} of dataset {args.dataset!r} have "
+                             f"none (e.g. {unlabelled[0]!r})")
         self.vectors = DocumentVectors(Path(args.retriever_index))
         check_index_identity(Path(args.retriever_index), self.vectors, health, self.client.url)
         torch.manual_seed(args.seed)
@@ -149,7 +153,11 @@ class RetrieverRLTrainer:
         sub-query; all samples' ``h``-th retrievals in one request), the frozen generator's
         answers from all documents picked, the rewards."""
         from mmoa.metrics import f1_score
-        from mmoa.train.retriever_rl.evaluate import answer_documents, support_recall
+        from mmoa.train.retriever_rl.evaluate import (
+            answer_documents,
+            has_gold_passages,
+            support_recall,
+        )
         from mmoa.train.retriever_rl.learner import RetrievalGroups
         from mmoa.train.retriever_rl.policy import pool_tensors
         from mmoa.train.retriever_rl.state import retrieval_rounds, sub_queries
@@ -180,7 +188,7 @@ class RetrieverRLTrainer:
             f1s = [f1_score(answer, records[i // g].answers) for i, answer in enumerate(answers)]
         generate_s = time.perf_counter() - started
         recalls = [support_recall(records[i // g], documents[i].values())
-                   for i in range(len(subs)) if records[i // g].supporting_ids]
+                   for i in range(len(subs)) if has_gold_passages(records[i // g])]
         rewards = f1s if args.retriever_reward == "f1" else recalls
         events.sort(key=lambda event: event[0])  # stable: each sample's retrievals in order
         pool_vectors, valid = pool_tensors(self.vectors, [e[2]["pool_rows"] for e in events])
