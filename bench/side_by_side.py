@@ -56,7 +56,8 @@ seeds share the warm start and the baselines, which do not depend on the seed), 
 ``bench/seed_table.py`` pools them.
 
 Overrides: ``key=value`` goes to every training, ``METHOD.key=value`` to that row's training
-only (e.g. ``mappo.max_steps=4 grpo.learning_rate=1e-5 harr.retriever_reward=f1``).
+only (e.g. ``mappo.max_steps=4 grpo.learning_rate=1e-5 harr.retriever_reward=f1``), anywhere on
+the command line, each key once.
 
 JSON (``--json-out``, default ``<work-dir>/side_by_side.json``)::
 
@@ -259,10 +260,15 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, list[str
     """``key=value`` (every training) and ``METHOD.key=value`` (one row's training) apart."""
     common: list[str] = []
     per_method: dict[str, list[str]] = {name: [] for name in TRAINED}
+    given: dict[str, str] = {}
     for item in check_overrides(overrides):
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"override {item!r}: expected key=value or METHOD.key=value")
+        if key in given:  # overrides may come anywhere on the line: their order says nothing
+            raise SystemExit(f"override {key!r} given twice ({given[key]!r} and {item!r}): "
+                             f"give it once")
+        given[key] = item
         method, dot, rest = key.partition(".")
         if not dot:
             common.append(item)
@@ -1017,7 +1023,7 @@ def resolve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides before, between or after options
     if args.readme and not args.report:
         parser.error("--readme needs --report JSON [JSON ...]")
     if args.report:

@@ -82,6 +82,16 @@ def test_overrides_after_methods_stay_overrides(sbs, tmp_path):
     with pytest.raises(SystemExit):
         sbs.resolve(parser.parse_args(["--train-file", __file__, "--test-file", __file__,
                                        "--scoring", "demo", "--methods", "mapo"]), parser)
+    # overrides between and after options too (the command line's parser is intermixed)
+    args = parser.parse_intermixed_args([
+        "--scoring", "demo", "a=1", "--methods", "mappo", "mappo.x=2", "--json-out", "j.json",
+        "mappo.y=3", "--seed", "2", "b=4"])
+    args.train_file = args.test_file = __file__
+    sbs.resolve(args, parser)
+    assert args.methods == ["mappo"] and args.seed == 2
+    assert sorted(args.overrides) == ["a=1", "b=4", "mappo.x=2", "mappo.y=3"]
+    with pytest.raises(SystemExit, match="given twice"):  # so their order cannot matter
+        sbs.split_overrides(["mappo.x=2", "a=1", "mappo.x=3"])
 
 
 def _row(method: str, f1: dict[str, float], vs: str | None = None) -> dict[str, Any]:
