@@ -131,6 +131,12 @@ def check_overrides(items: list[str], option: str = "override") -> list[str]:
     return items
 
 
+def percent(value: float | None) -> str:
+    """A fraction as a percent with one decimal, the benches' tables' unit; "-" where it is
+    missing (or NaN: a mean over no questions)."""
+    return "-" if value is None or value != value else f"{100 * value:.1f}"
+
+
 def run_logged(command: list[str], log: Path) -> None:
     """One stage, its output appended to ``log`` (the bench prints one line per stage)."""
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -62,6 +62,7 @@ from bench_runs import (
     model_arguments,
     paired_gain,
     per_question_f1,
+    percent,
     write_result,
 )
 from side_by_side import SCORING_PROFILES
@@ -248,10 +249,6 @@ def curve_result(args: argparse.Namespace, records: dict[int, dict[str, Any]],
 
 # -- output ------------------------------------------------------------------------------------
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}"
-
-
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -267,19 +264,19 @@ def format_table(result: dict[str, Any]) -> str:
         d, paired = p["dev"], p["paired"] or {}
         mark = "*" if p["step"] == best else " "
         lines.append(
-            f"{p['step']:>5}{mark} {p['source']:<11}{_pct(d['f1']):>6}{_pct(d['f1_se']):>6}"
-            f"{_pct(d['em']):>6}{_pct(paired.get('gain')):>7}{_pct(paired.get('gain_se')):>6}"
-            f"{_pct(d['candidate_support_recall']):>9}{_num(d['mean_subquestions']):>6}"
-            f"{_pct(d['selector_support_precision']):>7}{_pct(d['selector_support_recall']):>7}"
-            f"{_num(d['mean_selected']):>6}{_pct(d.get('selector_most_common_share')):>7}")
+            f"{p['step']:>5}{mark} {p['source']:<11}{percent(d['f1']):>6}{percent(d['f1_se']):>6}"
+            f"{percent(d['em']):>6}{percent(paired.get('gain')):>7}{percent(paired.get('gain_se')):>6}"
+            f"{percent(d['candidate_support_recall']):>9}{_num(d['mean_subquestions']):>6}"
+            f"{percent(d['selector_support_precision']):>7}{percent(d['selector_support_recall']):>7}"
+            f"{_num(d['mean_selected']):>6}{percent(d.get('selector_most_common_share')):>7}")
     lines.append("-" * len(header))
     if result["best"] is None:
         lines.append("no step evaluated yet")
         return "\n".join(lines)
     b = result["best"]
-    gain = "" if b["paired"] is None else (f", {_pct(b['paired']['gain'])} +- "
-                                           f"{_pct(b['paired']['gain_se'])} over step 0")
-    lines.append(f"best step on dev: {b['step']} (F1 {_pct(b['f1'])} +- {_pct(b['f1_se'])}"
+    gain = "" if b["paired"] is None else (f", {percent(b['paired']['gain'])} +- "
+                                           f"{percent(b['paired']['gain_se'])} over step 0")
+    lines.append(f"best step on dev: {b['step']} (F1 {percent(b['f1'])} +- {percent(b['f1_se'])}"
                  f"{gain}); gain: paired per-question F1 over step 0 (the warm start)")
     if not result["final_model_evaluated"]:
         lines.append("the run's final model is not on the curve yet (not written, or "
@@ -414,8 +411,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 evaluated += 1
                 last_new = time.monotonic()
                 records[point.step] = record
-                print(f"[step {point.step}] dev F1 {_pct(record['dev']['f1'])} +- "
-                      f"{_pct(record['dev']['f1_se'])}", flush=True)
+                print(f"[step {point.step}] dev F1 {percent(record['dev']['f1'])} +- "
+                      f"{percent(record['dev']['f1_se'])}", flush=True)
                 write_outputs(curve_result(args, records, False), args)
         result = curve_result(args, records, complete)
         write_outputs(result, args)

@@ -69,6 +69,7 @@ from bench_runs import (
     model_arguments,
     paired_gain,
     per_question_f1,
+    percent,
     rollout_limits,
     run_logged,
     train_to_end,
@@ -526,10 +527,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}"
-
-
 def _scoring_lines(result: dict[str, Any]) -> list[str]:
     """What the F1 / EM / Acc columns were scored with (the eval runs here use the default
     profile; a summary written before profiles were recorded used it too)."""
@@ -553,15 +550,15 @@ def format_table(result: dict[str, Any]) -> str:
 
     def row(name: str, test: dict[str, Any], paired: dict[str, float] | None,
             warm: dict[str, Any]) -> str:
-        gain = _pct(paired["gain"]) if paired else "-"
-        gain_se = _pct(paired["gain_se"]) if paired else "-"
+        gain = percent(paired["gain"]) if paired else "-"
+        gain_se = percent(paired["gain_se"]) if paired else "-"
         words = test.get("mean_answer_words")
         selected = test.get("mean_selected")
-        return (f"{name:<24}{_pct(test['f1']):>6}{_pct(test.get('f1_se')):>6}"
-                f"{_pct(test['em']):>6}{_pct(test['acc']):>6}{gain:>7}{gain_se:>6}"
-                f"{_pct(test.get('candidate_support_recall')):>9}"
-                f"{_pct(test.get('selector_support_precision')):>7}"
-                f"{_pct(test.get('selector_support_recall')):>7}"
+        return (f"{name:<24}{percent(test['f1']):>6}{percent(test.get('f1_se')):>6}"
+                f"{percent(test['em']):>6}{percent(test['acc']):>6}{gain:>7}{gain_se:>6}"
+                f"{percent(test.get('candidate_support_recall')):>9}"
+                f"{percent(test.get('selector_support_precision')):>7}"
+                f"{percent(test.get('selector_support_recall')):>7}"
                 f"{'-' if selected is None else f'{selected:.2f}':>6}"
                 f"{'-' if words is None else f'{words:.2f}':>8}  {tag(warm):<12}")
 
@@ -577,20 +574,22 @@ def format_table(result: dict[str, Any]) -> str:
     s = result["summary"]
     lines.append("-" * len(header))
     for b in baselines.values():
-        gains = ", ".join(f"{name.replace('_', ' ')} {_pct(g['gain'])} +- {_pct(g['gain_se'])}"
-                          for name, g in b.get("paired", {}).items())
+        gains = ", ".join(
+            f"{name.replace('_', ' ')} {percent(g['gain'])} +- {percent(g['gain_se'])}"
+            for name, g in b.get("paired", {}).items())
         lines.append(f"over {b['mode']} K={b['k']} (paired, F1): {gains or '-'}")
     lines.extend(_scoring_lines(result))
     verdict = "pending" if s["target_met"] is None else s["target_met"]
     spread = s.get("mean_gain_se_over_seeds")
+    spread_text = "" if spread is None else " +- " + percent(spread)
     lines.append(f"MAPPO above SFT in {s['seeds_above_sft']} of {s['seeds']} seeds, mean gain "
-                 f"{_pct(s['mean_gain'])}{'' if spread is None else ' +- ' + _pct(spread)} F1 "
+                 f"{percent(s['mean_gain'])}{spread_text} F1 "
                  f"(+- its standard error over seeds); target met: {verdict}")
     pooled = s.get("pooled_gain_current_warm_start")
     if pooled and pooled["seeds"] > 1:
         lines.append(f"seeds {', '.join(pooled['seed_names'])} from the same warm start, each "
-                     f"question's gain averaged over them: {_pct(pooled['gain'])} +- "
-                     f"{_pct(pooled['gain_se'])} F1 over {pooled['n']} questions")
+                     f"question's gain averaged over them: {percent(pooled['gain'])} +- "
+                     f"{percent(pooled['gain_se'])} F1 over {pooled['n']} questions")
     return "\n".join(lines)
 
 

@@ -50,6 +50,7 @@ from bench_runs import (
     mmoa_cli,
     paired_gain,
     per_question_f1,
+    percent,
     print_result,
     resume_overrides,
     rollout_limits,
@@ -269,17 +270,13 @@ def public(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}"
-
-
 def _num(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _line(run: dict[str, Any]) -> str:
     s = run["summary"]
-    return (f"F1 {_pct(s['f1'])}  rounds {_num(s['mean_searches'])}  "
+    return (f"F1 {percent(s['f1'])}  rounds {_num(s['mean_searches'])}  "
             f"s/q {_num(s['seconds_per_question'])}")
 
 
@@ -291,10 +288,10 @@ def format_table(result: dict[str, Any]) -> str:
         by_type = s.get("f1_by_type", {})
         tokens = s.get("mean_retrieved_tokens")
         lines.append(
-            f"| {name} | {_pct(s['f1'])} +- {_pct(s['f1_se'])} | {_pct(s['em'])} | "
-            + " | ".join(_pct(by_type.get(t)) for t in TYPES)
+            f"| {name} | {percent(s['f1'])} +- {percent(s['f1_se'])} | {percent(s['em'])} | "
+            + " | ".join(percent(by_type.get(t)) for t in TYPES)
             + f" | {_num(s['mean_searches'])} | {_num(s['mean_queries'])} | "
-            f"{'-' if tokens is None else f'{tokens:.0f}'} | {_pct(s['well_formed_rate'])} | "
+            f"{'-' if tokens is None else f'{tokens:.0f}'} | {percent(s['well_formed_rate'])} | "
             f"{_num(s['seconds_per_question'])} | "
             + (f"{100 * gain['gain']:+.1f} +- {100 * gain['gain_se']:.1f} |" if gain else "|"))
     lines.append(f"target (multi-query GRPO above its SFT): {result['target_met']}")

@@ -32,7 +32,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench_runs import fail, load_json_or_exit, paired_gain, portable, write_result
+from bench_runs import fail, load_json_or_exit, paired_gain, percent, portable, write_result
 from learning_signal import pooled_gain
 from side_by_side import METHODS, SEEDED
 
@@ -96,7 +96,7 @@ def pool_method(results: dict[str, dict[str, Any]], name: str,
     missing = sorted(seed_of(r, p) for p, r in results.items()
                      if r["rows"].get(name, {}).get("status") != "ok")
     vs = next((row.get("vs") for row in runs.values() if row.get("vs")), None)
-    names = [n for n in dict.fromkeys([*([vs] if vs else []), *baselines])]
+    names = list(dict.fromkeys([*([vs] if vs else []), *baselines]))
     references = {n: row for n in names if (row := reference_row(results, n)) is not None}
     out: dict[str, Any] = {"method": name, "seeds_missing": missing,
                            "references": {n: {"label": r.get("label", n), "f1": r["f1"],
@@ -136,12 +136,8 @@ def build(results: dict[str, dict[str, Any]], baselines: list[str]) -> dict[str,
                         for name in seeded_rows(results)}}
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None or value != value else f"{100 * value:.1f}"
-
-
 def _gain(paired: dict[str, Any]) -> str:
-    return f"{100 * paired['gain']:+.1f} +- {_pct(paired['gain_se'])}"
+    return f"{100 * paired['gain']:+.1f} +- {percent(paired['gain_se'])}"
 
 
 def format_markdown(result: dict[str, Any]) -> str:
@@ -159,10 +155,10 @@ def format_markdown(result: dict[str, Any]) -> str:
             lines.append("no seed finished")
             continue
         lines += ["| seed | F1 +- SE | " + " | ".join(
-                      f"gain vs {n} ({_pct(r['f1'])})" for n, r in refs.items()) + " |",
+                      f"gain vs {n} ({percent(r['f1'])})" for n, r in refs.items()) + " |",
                   "| --- | ---: |" + " ---: |" * len(refs)]
         for seed, run in method["seeds"].items():
-            lines.append(f"| {seed} | {_pct(run['f1'])} +- {_pct(run['f1_se'])} | "
+            lines.append(f"| {seed} | {percent(run['f1'])} +- {percent(run['f1_se'])} | "
                          + " | ".join(_gain(run["paired"][n]) for n in refs) + " |")
         lines.append("| pooled | | " + " | ".join(_gain(method["pooled"][n]) for n in refs)
                      + " |")

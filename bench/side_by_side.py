@@ -133,6 +133,7 @@ from bench_runs import (
     mmoa_cli,
     paired_gain,
     per_question_f1,
+    percent,
     portable,
     run_logged,
     stage,
@@ -142,7 +143,7 @@ from bench_runs import (
     write_result,
 )
 
-from mmoa.data.sft_builder import CANDIDATE_ORDERS
+from mmoa.data.sft_builder import CANDIDATE_ORDERS, SFTBuildConfig
 
 SCRIPT = "bench/side_by_side.py"
 SCHEMA = 1
@@ -177,6 +178,9 @@ WORLDS: dict[str, dict[str, str]] = {
 #: (HARR's own; ``harr.retriever_reward=recall`` trains on the gold passages' recall, by id or
 #: by HotpotQA's titles).
 HARR_REWARD = "f1"
+#: ``--candidate-order`` where none is given: the SFT builder's own (MMOA-RAG's shuffle). Keys
+#: and data folders name the order only where it differs, so older folders stay valid.
+DEFAULT_CANDIDATE_ORDER: str = SFTBuildConfig.candidate_order
 #: ``--scoring`` -> the evaluator's profile (``demo``: its default, MMOA-RAG's normaliser).
 SCORING_PROFILES = {"demo": None, "hotpotqa": "hotpotqa"}
 DEMO = "LLaMA-Factory/examples/demo"
@@ -332,7 +336,7 @@ class SideBySide:
         sources = [args.train_file, args.label_source, self.k]
         if args.rewrites_file:  # kept out of the digest where absent: old folders stay valid
             sources.append(file_digest(Path(args.rewrites_file)))
-        if args.candidate_order != "shuffled":  # likewise
+        if args.candidate_order != DEFAULT_CANDIDATE_ORDER:  # likewise
             sources.append(args.candidate_order)
         self.data_dir = self.work / f"data-{digest(sources)}"
         self.harr_reward = WORLDS.get(args.world or "", {}).get("harr_reward", HARR_REWARD)
@@ -350,7 +354,7 @@ class SideBySide:
             out.update(overrides=self.training(name)[1:], label_source=self.args.label_source)
             if self.args.rewrites_file and "sft" in method.data:
                 out.update(rewrites=file_digest(Path(self.args.rewrites_file)))
-            if self.args.candidate_order != "shuffled" and "sft" in method.data:
+            if self.args.candidate_order != DEFAULT_CANDIDATE_ORDER and "sft" in method.data:
                 out.update(candidate_order=self.args.candidate_order)  # else the old keys
         if name in SEEDED:
             out.update(seed=self.args.seed)
@@ -724,10 +728,6 @@ def add_paired(result: dict[str, Any]) -> None:
 
 # -- output ------------------------------------------------------------------------------------
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None or value != value else f"{100 * value:.1f}"
-
-
 def _seconds(value: float | None) -> str:
     if value is None:
         return "-"
@@ -736,12 +736,12 @@ def _seconds(value: float | None) -> str:
 
 def _f1(row: dict[str, Any]) -> str:
     """An ok row's F1 +- SE (percent)."""
-    return f"{_pct(row['f1'])} +- {_pct(row['f1_se'])}"
+    return f"{percent(row['f1'])} +- {percent(row['f1_se'])}"
 
 
 def _gain(paired: dict[str, Any]) -> str:
     """A paired gain +- SE and the row it is measured against."""
-    return f"{100 * paired['gain']:+.1f} +- {_pct(paired['gain_se'])} vs {paired['vs']}"
+    return f"{100 * paired['gain']:+.1f} +- {percent(paired['gain_se'])} vs {paired['vs']}"
 
 
 def table_cells(row: dict[str, Any]) -> list[str]:
@@ -751,8 +751,8 @@ def table_cells(row: dict[str, Any]) -> list[str]:
         return [row["label"], row["pipeline"], "failed (below)", "-", "-", "-",
                 _seconds(row.get("seconds"))]
     paired = row.get("paired")
-    return [row["label"], row["pipeline"], _f1(row), _pct(row["em"]),
-            _gain(paired) if paired else "-", _pct(row.get("candidate_recall")),
+    return [row["label"], row["pipeline"], _f1(row), percent(row["em"]),
+            _gain(paired) if paired else "-", percent(row.get("candidate_recall")),
             _seconds(row.get("seconds"))]
 
 
@@ -893,7 +893,7 @@ def replace_readme_block(text: str, block: str) -> str:
 def row_line(row: dict[str, Any]) -> str:
     if row["status"] != "ok":
         return f"failed: {row.get('error', '').strip().splitlines()[-1:]}"
-    return (f"F1 {_pct(row['f1'])} +- {_pct(row['f1_se'])}  EM {_pct(row['em'])}  "
+    return (f"F1 {percent(row['f1'])} +- {percent(row['f1_se'])}  EM {percent(row['em'])}  "
             f"{_seconds(row.get('seconds'))}")
 
 
@@ -921,7 +921,7 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=["heuristic", "supporting"],
                         help="the Selector's SFT labels (demo: heuristic, real: supporting)")
     parser.add_argument("--candidate-order", dest="candidate_order",
-                        choices=CANDIDATE_ORDERS, default="shuffled",
+                        choices=CANDIDATE_ORDERS, default=DEFAULT_CANDIDATE_ORDER,
                         help="the Selector's candidates in its SFT records: shuffled (MMOA-RAG, "
                              "default) or ranked (the order the pipeline shows it: mmoa-cli data "
                              "sft --candidate_order)")

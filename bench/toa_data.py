@@ -49,6 +49,7 @@ from bench_runs import (
     mmoa_cli,
     paired_gain,
     per_question_f1,
+    percent,
     portable,
     print_result,
     restore_archived_stages,
@@ -251,10 +252,6 @@ def public(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}"
-
-
 def format_table(result: dict[str, Any]) -> str:
     lines = ["| labels | QR gold R | Sel P | Sel R | #sel | ans EM | ans F1 | warm-start test F1 "
              "(mean of seeds) | seeds |", "| --- |" + " ---: |" * 8]
@@ -263,16 +260,16 @@ def format_table(result: dict[str, Any]) -> str:
         q = quality.get(dataset, {})
         seeds = [r for r in result["warm_starts"].values() if r["dataset"] == dataset]
         lines.append(
-            f"| {dataset} | {_pct(q.get('qr_support_recall'))} | "
-            f"{_pct(q.get('selector_precision'))} | {_pct(q.get('selector_recall'))} | "
-            f"{q.get('mean_selected', 0):.2f} | {_pct(q.get('answer_em'))} | "
-            f"{_pct(q.get('answer_f1'))} | {_pct(result['mean_f1'].get(dataset))} | "
-            + ", ".join(_pct(r["test"]["f1"]) for r in seeds) + " |")
+            f"| {dataset} | {percent(q.get('qr_support_recall'))} | "
+            f"{percent(q.get('selector_precision'))} | {percent(q.get('selector_recall'))} | "
+            f"{q.get('mean_selected', 0):.2f} | {percent(q.get('answer_em'))} | "
+            f"{percent(q.get('answer_f1'))} | {percent(result['mean_f1'].get(dataset))} | "
+            + ", ".join(percent(r["test"]["f1"]) for r in seeds) + " |")
     if "mappo" in result:
         m = result["mappo"]
         gain = m["gain_over_warm_start"]
         lines.append(f"MAPPO after the best warm start ({m['dataset']}): test F1 "
-                     f"{_pct(m['test']['f1'])} ({100 * gain['gain']:+.1f} +- "
+                     f"{percent(m['test']['f1'])} ({100 * gain['gain']:+.1f} +- "
                      f"{100 * gain['gain_se']:.1f} over it)")
     return "\n".join(lines)
 
