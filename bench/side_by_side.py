@@ -153,6 +153,9 @@ RESULT_KEYS = {"rows": dict, "table": dict, "table.model": str, "table.eval_spli
 WHAT = "a side_by_side result JSON"
 REAL_DIR = ROOT.parent / "shared" / "data" / "hotpotqa_fullwiki_486"
 DISTRACTOR_DIR = ROOT.parent / "shared" / "data" / "hotpotqa_distractor_1k"
+#: The distractor world's Query Rewriter labels, committed beside their report
+#: (``bench/results/qr_labels_distractor.json``).
+DISTRACTOR_REWRITES = "bench/results/qr_labels_distractor_rewrites.jsonl"
 WORLDS: dict[str, dict[str, str]] = {
     # the files, the scoring and the index of each named world
     "demo": {"train_file": str(ROOT / "data/demo/train.jsonl"),
@@ -165,14 +168,15 @@ WORLDS: dict[str, dict[str, str]] = {
              "test_file": str(REAL_DIR / "hotpot_fullwiki_test.json"),
              "scoring": "hotpotqa", "index": "", "label_source": "supporting",
              "harr_reward": "f1"},
-    # every gold paragraph in the corpus; the Query Rewriter's labels come from
-    # ``mmoa-cli data qr-rewrites`` (docs/real_workflow.md), where that file exists
+    # every gold paragraph in the corpus; the Query Rewriter's labels are the committed output
+    # of ``mmoa-cli data qr-rewrites`` on the train split (docs/real_workflow.md): an hour of
+    # sampling on 2 cores that a fresh checkout need not repeat
     "distractor": {"train_file": str(DISTRACTOR_DIR / "hotpot_distractor_train.json"),
                    "dev_file": str(DISTRACTOR_DIR / "hotpot_distractor_dev.json"),
                    "test_file": str(DISTRACTOR_DIR / "hotpot_distractor_test.json"),
                    "scoring": "hotpotqa", "index": str(ROOT / "data/hotpotqa_distractor/index"),
                    "label_source": "supporting", "harr_reward": "f1",
-                   "rewrites_file": str(ROOT / "data/hotpotqa_distractor/qr_rewrites.json")},
+                   "rewrites_file": str(ROOT / DISTRACTOR_REWRITES)},
 }
 #: HARR's training reward where no world names one: the answer F1 of the frozen warm start
 #: (HARR's own; ``harr.retriever_reward=recall`` trains on the gold passages' recall, by id or
@@ -929,8 +933,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "needs it; demo: data/demo/index)")
     parser.add_argument("--rewrites-file", dest="rewrites_file",
                         help="the Query Rewriter's SFT labels (mmoa-cli data qr-rewrites; "
-                             "distractor: data/hotpotqa_distractor/qr_rewrites.json where it "
-                             "exists)")
+                             f"distractor: {DISTRACTOR_REWRITES})")
     parser.add_argument("--retriever-url", dest="retriever_url", default="http://127.0.0.1:8000")
     parser.add_argument("--model", choices=sorted(CONFIGS), default="smollm2")
     parser.add_argument("--base-model", dest="base_model",

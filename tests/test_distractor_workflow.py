@@ -72,6 +72,27 @@ def test_the_distractor_world_is_a_named_world() -> None:
     assert side_by_side.WORLD_TITLES["distractor"] == "HotpotQA distractor"
 
 
+def test_the_distractor_world_ships_its_query_rewriter_labels() -> None:
+    """The committed labels are the report's run: one line per improved training question, a
+    real rewrite each (not the question), read by the SFT builder's own loader."""
+    from mmoa.data.sft_builder import load_rewrites
+
+    side_by_side = _bench()
+    path = Path(side_by_side.WORLDS["distractor"]["rewrites_file"])
+    assert path == ROOT / side_by_side.DISTRACTOR_REWRITES and path.is_file()
+    report = json.loads((ROOT / "bench/results/qr_labels_distractor.json").read_text())
+    run = report["labels_committed"]
+    assert run["rewrites_file"] == side_by_side.DISTRACTOR_REWRITES
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    rewrites = load_rewrites(path)
+    assert len(lines) == len(rewrites) == run["summary"]["improved"] > 0
+    train = {" ".join(r["question"].split()).lower()
+             for r in json.loads((DATA / "hotpot_distractor_train.json").read_text())}
+    assert set(rewrites) <= train and len(train) == run["summary"]["questions"]
+    assert all(subquestions != [line["source"]]
+               for line, subquestions in zip(lines, rewrites.values(), strict=True))
+
+
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict[str, Any]:
     """The slice, its labels and the bench run twice (the second over finished rows), with
