@@ -4,8 +4,9 @@ LLaMA-Factory for the rest.
 For every stage other than ``mappo`` and ``retriever_rl`` the command hands its arguments,
 unchanged, to ``llamafactory-cli train``'s own entry point in this process, so SFT, DPO,
 reward modelling and the rest behave exactly as with ``llamafactory-cli`` (including its
-torchrun re-launch on several GPUs and its ``key=value`` overrides). Only the stage is read
-here, with the same OmegaConf semantics LLaMA-Factory uses.
+torchrun re-launch on several GPUs and its ``key=value`` overrides), except that SIGINT or
+SIGTERM saves the last completed step before the process ends (:mod:`mmoa.train.save_on_stop`).
+Only the stage is read here, with the same OmegaConf semantics LLaMA-Factory uses.
 
 Before either runs, :func:`mmoa.preflight.check_train_config` checks that the model folder and
 the datasets exist, so a missing one is a two-line message naming the command that makes it,
@@ -73,7 +74,10 @@ def run_train(argv: Sequence[str]) -> int:
             from mmoa.train.retriever_rl.workflow import run_retriever_rl_from_config
 
             return run_retriever_rl_from_config(config)
-        return run_llamafactory("train", argv)
+        from mmoa.train.save_on_stop import llamafactory_saves_on_stop
+
+        with llamafactory_saves_on_stop():  # SIGINT / SIGTERM keep the last completed step
+            return run_llamafactory("train", argv)
 
 
 #: LLaMA-Factory's stages, where its ``FinetuningArguments`` cannot be read.

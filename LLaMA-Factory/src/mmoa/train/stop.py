@@ -6,8 +6,10 @@ handler without importing each other (they did, and formed an import cycle with 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -37,3 +39,24 @@ class StopRequest:
             os.kill(os.getpid(), signum)
             return
         self.signum = signum
+
+
+#: The signals our own loops stop on: SIGINT (Ctrl-C), SIGTERM (a job scheduler, a session's
+#: end) and SIGABRT (LlamaBoard's Abort).
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGABRT)
+
+
+def install_stop_handlers(stop: StopRequest, signals: Iterable[int] = STOP_SIGNALS
+                          ) -> dict[int, Any]:
+    """Route ``signals`` to ``stop``; returns the handlers :func:`restore_handlers` puts back.
+    Outside the main thread (a web UI worker) signals cannot be caught and none is installed."""
+    previous: dict[int, Any] = {}
+    for sig in signals:
+        with contextlib.suppress(ValueError):
+            previous[sig] = signal.signal(sig, stop)
+    return previous
+
+
+def restore_handlers(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)

@@ -108,7 +108,7 @@ from mmoa.train.progress import (
     StepProgress,
     WatchedPolicy,
 )
-from mmoa.train.stop import StepAbandoned, StopRequest
+from mmoa.train.stop import StepAbandoned, StopRequest, install_stop_handlers, restore_handlers
 
 if TYPE_CHECKING:
     from mmoa.agents.pipeline import DocumentRetriever
@@ -422,7 +422,9 @@ class MappoTrainer(Trainer):
         self.state.is_world_process_zero = self.is_world_process_zero()
         self.control = self.callback_handler.on_train_begin(self.args, self.state, self.control)
         self._progress = self._make_progress()
-        previous = self._install_signal_handlers()
+        # SIGABRT is LlamaBoard's Abort (LogCallback's own handler would stop only after the
+        # whole step, and then write a final model as if the run had ended)
+        previous = install_stop_handlers(self._stop)
         interrupted: TrainingInterrupted | None = None
         # Progress: Trainer's ProgressCallback draws the bar from on_step_end / on_log; inside
         # a step, self._progress (step_progress.json and the bar's postfix).
@@ -471,7 +473,7 @@ class MappoTrainer(Trainer):
             self._progress.finish(FAILED, f"{type(err).__name__}: {err}")
             raise
         finally:
-            self._restore_signal_handlers(previous)
+            restore_handlers(previous)
         if interrupted is not None:
             self._progress.finish(STOPPED, str(interrupted), interrupted.checkpoint,
                                   interrupted.note)
@@ -794,21 +796,6 @@ class MappoTrainer(Trainer):
             else tokenizer.eos_token_id
 
     # -- signals -------------------------------------------------------------------------------
-
-    def _install_signal_handlers(self) -> dict[int, Any]:
-        previous = {}
-        # SIGABRT is LlamaBoard's Abort (LogCallback's own handler would stop only after the
-        # whole step, and then write a final model as if the run had ended).
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGABRT):
-            # Outside the main thread (e.g. a web UI worker) signals cannot be caught.
-            with contextlib.suppress(ValueError):
-                previous[sig] = signal.signal(sig, self._stop)
-        return previous
-
-    @staticmethod
-    def _restore_signal_handlers(previous: dict[int, Any]) -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
     # -- finite weights ------------------------------------------------------------------------
 

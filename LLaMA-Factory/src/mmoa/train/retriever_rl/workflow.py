@@ -17,7 +17,6 @@ a shared file system): it loads the encoder from there.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import pickle
@@ -35,6 +34,7 @@ from mmoa.fileio import atomic_dir, atomic_write_json, atomic_write_text
 from mmoa.train.mappo.checkpoint_files import rotate_checkpoints
 from mmoa.train.retriever_rl.args import RetrieverRLArguments, parse_retriever_rl_args
 from mmoa.train.retriever_rl.learner import NonFiniteLossError, grpo_update
+from mmoa.train.stop import StopRequest, install_stop_handlers, restore_handlers
 
 #: LLaMA-Factory's per-step log, read by the web UI's progress bar.
 TRAINER_LOG_FILE = "trainer_log.jsonl"
@@ -242,7 +242,8 @@ class RetrieverRLTrainer:
         args = self.args
         self.begin(Path(args.resume_from_checkpoint) if args.resume_from_checkpoint else None)
         bar = tqdm(total=args.max_steps, initial=self.step, desc="retriever_rl", unit="step")
-        stop, previous = _install_stop_handlers()
+        stop = StopRequest()
+        previous = install_stop_handlers(stop)
         stopping = False
         try:
             while self.step < args.max_steps:
@@ -258,8 +259,7 @@ class RetrieverRLTrainer:
                           f"resume_from_checkpoint={checkpoint}", file=sys.stderr, flush=True)
                     break
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            restore_handlers(previous)
             bar.close()
             if args.retriever_restore_server_encoder:
                 self.restore_server()
@@ -473,19 +473,6 @@ def check_index_identity(index_dir: Path, vectors: Any, health: dict[str, Any],
         print(f"[retriever_rl] warning: the server at {url} does not report its index's "
               f"checksums (an older server): only the passage count and dimension were "
               f"compared with retriever_index", file=sys.stderr, flush=True)
-
-
-def _install_stop_handlers() -> tuple[Any, dict[int, Any]]:
-    """SIGINT, SIGTERM and SIGABRT (LlamaBoard's Abort) ask the loop to stop after the step
-    under way (a second signal ends the process at once); returns the request and the handlers
-    to put back. Outside the main thread signals cannot be caught and none is installed."""
-    from mmoa.train.stop import StopRequest
-
-    stop, previous = StopRequest(), {}
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGABRT):
-        with contextlib.suppress(ValueError):
-            previous[sig] = signal.signal(sig, stop)
-    return stop, previous
 
 
 def _hms(seconds: float) -> str:
