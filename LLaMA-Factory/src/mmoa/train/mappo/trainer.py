@@ -795,8 +795,6 @@ class MappoTrainer(Trainer):
         return tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
             else tokenizer.eos_token_id
 
-    # -- signals -------------------------------------------------------------------------------
-
     # -- finite weights ------------------------------------------------------------------------
 
     def _policy_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
