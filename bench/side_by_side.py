@@ -143,7 +143,7 @@ from bench_runs import (
     write_result,
 )
 
-from mmoa.data.sft_builder import CANDIDATE_ORDERS, SFTBuildConfig
+from mmoa.data.sft_builder import CANDIDATE_ORDERS, DEFAULT_CANDIDATE_ORDER
 
 SCRIPT = "bench/side_by_side.py"
 SCHEMA = 1
@@ -182,9 +182,6 @@ WORLDS: dict[str, dict[str, str]] = {
 #: (HARR's own; ``harr.retriever_reward=recall`` trains on the gold passages' recall, by id or
 #: by HotpotQA's titles).
 HARR_REWARD = "f1"
-#: ``--candidate-order`` where none is given: the SFT builder's own (MMOA-RAG's shuffle). Keys
-#: and data folders name the order only where it differs, so older folders stay valid.
-DEFAULT_CANDIDATE_ORDER: str = SFTBuildConfig.candidate_order
 #: ``--scoring`` -> the evaluator's profile (``demo``: its default, MMOA-RAG's normaliser).
 SCORING_PROFILES = {"demo": None, "hotpotqa": "hotpotqa"}
 DEMO = "LLaMA-Factory/examples/demo"

@@ -53,6 +53,8 @@ LabelSource = Literal["heuristic", "supporting"]
 #: The order of the Selector's candidates in its SFT records (see the module docstring).
 CandidateOrder = Literal["shuffled", "ranked"]
 CANDIDATE_ORDERS: tuple[str, ...] = get_args(CandidateOrder)
+#: MMOA-RAG's layout; ``ranked`` is the opt-in that matches the retriever's order at rollout time.
+DEFAULT_CANDIDATE_ORDER: CandidateOrder = "shuffled"
 
 #: Function words that say nothing about whether a document holds the answer.
 _STOP_WORDS_TEXT = """
@@ -98,7 +100,7 @@ class SFTBuildConfig:
     name: str = "demo_sft"
     k: int = 10
     label_source: LabelSource = "heuristic"
-    candidate_order: CandidateOrder = "shuffled"
+    candidate_order: CandidateOrder = DEFAULT_CANDIDATE_ORDER
     seed: int = 42
     request_size: int = 64
 
@@ -115,7 +117,7 @@ class SFTBuildReport:
     records: dict[str, int] = field(default_factory=dict)
     qr_target_sources: Counter[str] = field(default_factory=Counter)
     label_source: str = "heuristic"
-    candidate_order: str = "shuffled"
+    candidate_order: str = DEFAULT_CANDIDATE_ORDER
     empty_selection_rate: float = 0.0
     mean_positives: float = 0.0
     supporting_precision: float | None = None
