@@ -226,6 +226,28 @@ def test_probe_writes_a_record_per_process(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("*.json"))) == 1
 
 
+def test_the_probe_thread_and_the_exit_write_never_interleave(tmp_path: Path) -> None:
+    # The daemon thread's records and the exit handler's final one share a temporary file: the
+    # process below keeps four threads writing records while it exits, as a stage's process
+    # does when the thread's turn meets the exit. Its record must stay JSON and final.
+    env = {**os.environ, "PYTHONPATH": str(GPU_CHECK / "probe"),
+           "MMOA_GPU_CHECK_PROBE_DIR": str(tmp_path), "MMOA_GPU_CHECK_STAGE": "race"}
+    code = ("import sitecustomize as probe, threading\n"
+            "def keep_writing():\n"
+            "    while True:\n"
+            "        probe._write(False)\n"
+            "for _ in range(4):\n"
+            "    threading.Thread(target=keep_writing, daemon=True).start()\n"
+            "import yaml\n")
+    for _ in range(10):
+        subprocess.run([sys.executable, "-c", code], env=env, check=True)
+        (record_path,) = tmp_path.glob("*.json")
+        record = json.loads(record_path.read_text())
+        assert record["stage"] == "race" and record["final"] is True, record
+        assert "yaml" in record["imports"]
+        record_path.unlink()
+
+
 def test_time_slices_share_what_is_left_by_weight() -> None:
     stages = [run_check.Stage(n, w, False, (), lambda r: ([], "")) for n, w in
               (("a", 1), ("b", 1), ("c", 8), ("d", 2))]

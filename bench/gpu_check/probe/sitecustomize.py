@@ -26,6 +26,11 @@ STAGE_ENV = "MMOA_GPU_CHECK_STAGE"
 INTERVAL_S = 2.0
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _STARTED = time.time()
+#: One writer at a time: the daemon thread and the exit handler write the same temporary file,
+#: and two writers interleaved there leave a record that is not JSON (the stage then shows no
+#: process). Once the final record is written, the thread's later ones are dropped.
+_LOCK = threading.Lock()
+_final_written = False
 
 
 def _cuda_record() -> dict:
@@ -60,9 +65,18 @@ def _imported_top_level() -> list[str]:
 
 
 def _write(final: bool) -> None:
+    global _final_written
     folder = os.environ.get(PROBE_ENV)
     if not folder:
         return
+    with _LOCK:
+        if _final_written:
+            return
+        _final_written = final
+        _write_record(folder, final)
+
+
+def _write_record(folder: str, final: bool) -> None:
     pid = os.getpid()
     record = {"pid": pid, "ppid": os.getppid(), "stage": os.environ.get(STAGE_ENV, ""),
               "argv": list(sys.argv), "cwd": os.getcwd(), "started": _STARTED,
@@ -90,6 +104,15 @@ def _start_thread() -> None:
     threading.Thread(target=_loop, name="gpu-check-probe", daemon=True).start()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child has its own record: a fresh lock (the parent's thread may have held it
+    at the fork) and its own thread."""
+    global _LOCK, _final_written
+    _LOCK = threading.Lock()
+    _final_written = False
+    _start_thread()
+
+
 def _chain() -> None:
     """Run the ``sitecustomize`` this one shadows, if the interpreter has one."""
     import importlib.machinery
@@ -115,5 +138,5 @@ def _chain() -> None:
 if os.environ.get(PROBE_ENV):
     atexit.register(_write, True)
     _start_thread()
-    os.register_at_fork(after_in_child=_start_thread)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 _chain()
