@@ -5,7 +5,8 @@ Rollout: one batched :class:`~mmoa.agents.pipeline.RagPipeline` run for the whol
 (generate calls of at most ``mappo_rollout_batch_size`` rows, ONE retrieval call for every
 sub-question of the step). Samples: every optimised agent's call of every trace is one PPO
 sample; its score is the shared answer reward plus the agent's own penalty
-(:func:`mmoa.train.mappo.rewards.compute_agent_rewards`), or under a grouped algorithm its
+(:func:`mmoa.train.mappo.rewards.compute_agent_rewards`) and, where on, its bonus from the
+training record's gold passages (:func:`gold_bonuses`), or under a grouped algorithm its
 group advantage (:func:`mmoa.train.mappo.grpo.group_samples`). With the counterfactual credit
 (``mappo_counterfactual_agents``) the rollout also runs, batched, each listed agent's
 counterfactual (its output replaced by a default, :mod:`mmoa.pipelines.counterfactual`) and that
@@ -62,6 +63,32 @@ def penalty_config(args: MappoArguments) -> PenaltyConfig:
         generator_penalty=args.mappo_generator_penalty,
         generator_max_words=args.mappo_generator_max_words,
     )
+
+
+#: The log name of each agent's gold-passage bonus (``retrieval_reward/qr``,
+#: ``selection_reward/selector``).
+BONUS_LOG_NAMES: dict[str, str] = {"qr": "retrieval_reward", "selector": "selection_reward"}
+
+
+def gold_bonuses(record: QARecord, trace: Trace, args: MappoArguments) -> dict[str, float]:
+    """``agent -> bonus`` of the trace from the record's gold passages, for every optimised
+    agent whose bonus is on: the Query Rewriter's retrieval reward
+    (``mappo_qr_retrieval_reward``) and the Selector's selection reward
+    (``mappo_selector_selection_reward``); an agent is left out where its bonus is off or the
+    record gives it nothing to score (:func:`mmoa.train.mappo.rewards.retrieval_bonus`,
+    :func:`~mmoa.train.mappo.rewards.selection_bonus`)."""
+    from mmoa.train.mappo.agent_stats import candidate_gold_recall, selection_gold_f1
+    from mmoa.train.mappo.rewards import retrieval_bonus, selection_bonus
+
+    agents = args.optimized_agents
+    bonuses: dict[str, float | None] = {}
+    if "qr" in agents:
+        bonuses["qr"] = retrieval_bonus(candidate_gold_recall(record, trace),
+                                        args.mappo_qr_retrieval_reward)
+    if "selector" in agents:
+        bonuses["selector"] = selection_bonus(selection_gold_f1(record, trace),
+                                              args.mappo_selector_selection_reward)
+    return {agent: value for agent, value in bonuses.items() if value is not None}
 
 
 def counterfactual_baselines(record: QARecord, trace: Trace, args: MappoArguments
@@ -178,13 +205,9 @@ class QrSGPipeline:
         with its group advantage."""
         import numpy as np
 
-        from mmoa.train.mappo.agent_stats import (
-            candidate_gold_recall,
-            counterfactual_stats,
-            step_agent_stats,
-        )
+        from mmoa.train.mappo.agent_stats import counterfactual_stats, step_agent_stats
         from mmoa.train.mappo.grpo import OverlongShaping, PipelineOutcome, group_samples
-        from mmoa.train.mappo.rewards import compute_agent_rewards, retrieval_bonus
+        from mmoa.train.mappo.rewards import compute_agent_rewards
         from mmoa.train.mappo.samples import Sample
 
         penalties = penalty_config(args)
@@ -201,19 +224,18 @@ class QrSGPipeline:
                     or trace.answer_parse is None:
                 raise RuntimeError(f"the qr_s_g rollout of {record.id!r} has an agent without a "
                                    "parsed output")
-            bonus = retrieval_bonus(candidate_gold_recall(record, trace) if "qr" in agents
-                                    else None, args.mappo_qr_retrieval_reward)
+            bonuses = gold_bonuses(record, trace, args)
             baselines = counterfactual_baselines(record, trace, args)
             rewards = compute_agent_rewards(
                 trace.qr_parse, trace.selection_parse, trace.answer_parse, trace.answer,
                 record.answers, config=penalties, metric=args.mappo_reward_metric,
-                scoring=args.mappo_scoring, bonuses={} if bonus is None else {"qr": bonus},
+                scoring=args.mappo_scoring, bonuses=bonuses,
                 baselines=baselines)
             logs["answer_f1"].append(rewards.shared)
             for agent, value in baselines.items():
                 credit[agent].append(value)
-            if bonus is not None:
-                logs["retrieval_reward/qr"].append(bonus)
+            for agent, value in bonuses.items():
+                logs[f"{BONUS_LOG_NAMES[agent]}/{agent}"].append(value)
             for agent in AGENTS:
                 logs[f"penalty_rate/{agent}"].append(float(rewards.penalties[agent].fired))
                 logs[f"reward/{agent}"].append(rewards.totals[agent])

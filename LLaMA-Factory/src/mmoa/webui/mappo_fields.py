@@ -239,6 +239,11 @@ MAPPO_FIELDS: tuple[MappoField, ...] = (
                "weight x share of the gold passages among the QR's candidates, added to its "
                "score (0.5 in the demo; 0 = the shared reward alone)", "float", minimum=0,
                only_for="value_head"),
+    MappoField("mappo_selector_selection_reward", "mappo_selector_selection_reward",
+               "Selector selection reward",
+               "weight x F1 of the Selector's choice against the gold passages among its "
+               "candidates, added to its score (0 = the shared reward alone)", "float",
+               minimum=0, only_for="value_head"),
     MappoField("mappo_adapter_per_agent", "mappo_adapter_per_agent", "Adapter per agent",
                "LoRA only: one adapter per agent over one frozen base "
                "(docs/adapter_per_agent.md)", "bool"),
@@ -284,7 +289,7 @@ MAPPO_ROWS: tuple[tuple[str, ...], ...] = (
     ("mappo_adaptive_kl", "mappo_init_kl_coef", "mappo_min_kl_coef", "mappo_kl_target",
      "mappo_kl_horizon", "mappo_kl_reward", "mappo_kl_estimator", "mappo_agent_kl_scale"),
     ("mappo_lam", "mappo_whiten_per_agent", "mappo_qr_retrieval_reward",
-     "mappo_adapter_per_agent"),
+     "mappo_selector_selection_reward", "mappo_adapter_per_agent"),
     ("mappo_max_steps", "mappo_ppo_epochs", "mappo_questions_per_rollout",
      "mappo_rollout_batch_size", "mappo_temperature", "mappo_agent_temperature",
      "mappo_top_p", "mappo_masked_scoring"),

@@ -64,6 +64,26 @@ def selection_gold_stats(record: QARecord, trace: Trace) -> tuple[float | None, 
     return support.recall(chosen), support.precision(chosen)
 
 
+def selection_gold_f1(record: QARecord, trace: Trace) -> float | None:
+    """F1 of the trace's selection against the gold passages *among its candidates*: the
+    Selector's part of retrieval, whatever the Query Rewriter brought back. Precision is the
+    share of the selected documents that are gold, recall the share of the candidates' gold
+    passages that were selected; nothing selected scores 0. ``None`` when the record names no
+    gold passage or none is among the candidates (no choice of the Selector could hold one)."""
+    support = GoldSupport.of(record)
+    if support is None:
+        return None
+    reachable = support.covered(trace.candidates)
+    if not reachable:
+        return None
+    chosen = [trace.candidates[i] for i in trace.selected]
+    precision = support.precision(chosen)
+    recall = len(support.covered(chosen)) / len(reachable)
+    if not precision or not recall:
+        return 0.0
+    return 2 * precision * recall / (precision + recall)
+
+
 def candidate_gold_recall(record: QARecord, trace: Trace) -> float | None:
     """Share of the record's gold passages among the trace's K candidates (what the Query
     Rewriter's sub-questions brought back); ``None`` when the record names none."""

@@ -331,6 +331,12 @@ class MappoArguments:
                           "the K candidates its sub-questions retrieved (training data with "
                           "gold passages only; qr_s_g, value-head algorithms). 0: off, the "
                           "paper's shared reward alone."})
+    mappo_selector_selection_reward: float = field(
+        default=0.0,
+        metadata={"help": "Weight of the Selector's selection reward, added to its score: "
+                          "weight x the F1 of its selection against the gold passages among "
+                          "its candidates (training data with gold passages only; qr_s_g, "
+                          "value-head algorithms). 0: off, the paper's shared reward alone."})
     mappo_counterfactual_agents: str = field(
         default="",
         metadata={"help": "Counterfactual credit (qr_s_g): comma-separated agents among qr, "
@@ -516,13 +522,14 @@ class MappoArguments:
         check_at_least("mappo_decision_max_searches", self.mappo_decision_max_searches, 0)
         for name in ("mappo_decision_retrieval_cost", "mappo_decision_malformed_penalty"):
             check_range(name, getattr(self, name), why=" (it is subtracted from the reward)")
-        weight = self.mappo_qr_retrieval_reward
-        check_range("mappo_qr_retrieval_reward", weight,
-                    why=" (a reward added to the Query Rewriter's score)")
-        if weight > 0 and self.algorithm.grouped:
-            raise ValueError(f"mappo_qr_retrieval_reward is learned against the value head's "
-                             f"baseline; mappo_algorithm: {self.mappo_algorithm} has none (use "
-                             f"a value-head algorithm such as ppo, or set it to 0)")
+        for name, agent in (("mappo_qr_retrieval_reward", "the Query Rewriter"),
+                            ("mappo_selector_selection_reward", "the Selector")):
+            weight = getattr(self, name)
+            check_range(name, weight, why=f" (a reward added to {agent}'s score)")
+            if weight > 0 and self.algorithm.grouped:
+                raise ValueError(f"{name} is learned against the value head's baseline; "
+                                 f"mappo_algorithm: {self.mappo_algorithm} has none (use a "
+                                 f"value-head algorithm such as ppo, or set it to 0)")
         penalty = self.mappo_search_format_penalty
         if not (math.isfinite(penalty) and penalty <= 0):
             raise ValueError(f"mappo_search_format_penalty must be a finite number <= 0 (it is "
