@@ -25,7 +25,11 @@ selections.) From ``q``:
   supporting``): its probability under ``q`` and its rank among the 2^K selections;
 * the **argmax** selection per question: how often each is chosen, its precision and recall of
   the gold candidates beside the top candidate's alone (``rag`` K = 1 as a Selector), and its
-  agreement with the evaluation's greedy selection.
+  agreement with the evaluation's greedy selection;
+* the **marginal rule** at each of ``--thresholds``: keep the candidates whose inclusion
+  probability reaches the threshold, the same figures. Where the content AUC is above 0.5 but
+  the argmax is a constant, this rule shows whether the beliefs the greedy text hides would
+  make a per-question choice, with no training.
 
 The baseline is in the figures themselves: any choice made from positions alone has a content
 AUC of 0.5, whatever the positions it prefers.
@@ -75,6 +79,8 @@ SCRIPT = "bench/selector_discrimination.py"
 MAX_K = 8
 #: Selections scored in one batch over the prompt's cached keys and values.
 CHUNK = 32
+#: Inclusion-probability thresholds of the marginal rule (:func:`marginal_selection`).
+THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7)
 
 
 # -- the formulas -----------------------------------------------------------------------------
@@ -241,6 +247,34 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return summarise(per_question, skipped, seconds, args)
 
 
+def selection_summary(selections: Sequence[Sequence[int]], gold: Sequence[Sequence[bool]]
+                      ) -> dict[str, Any]:
+    """One decision rule's selections over the questions: documents kept, gold precision (mean
+    over non-empty selections) and recall (mean over questions with a gold candidate), its
+    choices from the most common, and the most common choice's share (1.0: a constant)."""
+    pairs = [precision_recall(s, g) for s, g in zip(selections, gold, strict=True)]
+    precisions = [p for p, _ in pairs if p is not None]
+    recalls = [r for _, r in pairs if r is not None]
+    choices = Counter(format_selection(s) or "(none)" for s in selections)
+    return {
+        "documents": round(sum(map(len, selections)) / len(selections), 3),
+        "precision": round(sum(precisions) / len(precisions), 4) if precisions else None,
+        "recall": round(sum(recalls) / len(recalls), 4) if recalls else None,
+        "most_common_share": round(choices.most_common(1)[0][1] / len(selections), 4),
+        "choices": dict(choices.most_common()),
+    }
+
+
+def marginal_selection(inclusion_probabilities: Sequence[float], threshold: float) -> list[int]:
+    """The marginal rule: keep every candidate whose inclusion probability reaches
+    ``threshold``. At 0.5 it is the keep/drop decision per candidate that the model thinks
+    more likely right, which the greedy sequence is not: greedy follows the most probable
+    *text*, so a second document included with probability 0.45 in one question and 0.05 in
+    another is dropped from both, and a per-question difference in the model's beliefs never
+    reaches the selection."""
+    return [i for i, m in enumerate(inclusion_probabilities) if m >= threshold]
+
+
 def summarise(per_question: list[dict[str, Any]], skipped: Counter, seconds: float,
               args: argparse.Namespace) -> dict[str, Any]:
     """The figures of the module docstring, from the per-question rows of :func:`measure`."""
@@ -251,11 +285,6 @@ def summarise(per_question: list[dict[str, Any]], skipped: Counter, seconds: flo
     flat = [(m, x) for row, g in zip(scores, gold, strict=True)
             for m, x in zip(row, g, strict=True)]
     pooled = auc([m for m, x in flat if x], [m for m, x in flat if not x])
-    argmax_pr = [precision_recall(row["argmax"], row["gold"]) for row in per_question]
-    precisions = [p for p, _ in argmax_pr if p is not None]
-    recalls = [r for _, r in argmax_pr if r is not None]
-    top1 = [precision_recall([0], row["gold"]) for row in per_question]
-    choices = Counter(format_selection(row["argmax"]) or "(none)" for row in per_question)
     greedy = [row for row in per_question if row["greedy"] is not None]
     return {
         "bench": SCRIPT,
@@ -273,15 +302,13 @@ def summarise(per_question: list[dict[str, Any]], skipped: Counter, seconds: flo
         "label_p_mean": round(sum(row["label_p"] for row in per_question) / n, 4),
         "label_rank_mean": round(sum(row["label_rank"] for row in per_question) / n, 2),
         "label_is_argmax": round(sum(row["label_rank"] == 1 for row in per_question) / n, 4),
-        "argmax_choices": dict(choices.most_common()),
-        "argmax_most_common_share": round(choices.most_common(1)[0][1] / n, 4),
-        "argmax_precision": round(sum(precisions) / len(precisions), 4) if precisions else None,
-        "argmax_recall": round(sum(recalls) / len(recalls), 4) if recalls else None,
-        "top1_precision": round(sum(p for p, _ in top1) / n, 4),
-        "top1_recall": round(sum(r for _, r in top1 if r is not None)
-                             / max(1, sum(r is not None for _, r in top1)), 4),
+        "argmax": selection_summary([row["argmax"] for row in per_question], gold),
         "argmax_agrees_with_greedy": (round(sum(row["argmax"] == row["greedy"] for row in greedy)
                                       / len(greedy), 4) if greedy else None),
+        "top1": selection_summary([[0]] * n, gold),
+        "marginal": {f"{t:g}": selection_summary([marginal_selection(m, t) for m in scores],
+                                                 gold)
+                     for t in args.thresholds},
         "seconds": round(seconds, 1),
         "per_question": per_question,
     }
@@ -304,14 +331,16 @@ def table(result: dict[str, Any]) -> str:
                      f"{show(entry['auc']):<6}  {mean}")
     lines += [
         f"label: mean probability {result['label_p_mean']}, mean rank {result['label_rank_mean']}"
-        f", the argmax for {result['label_is_argmax']:.0%}",
-        f"argmax: precision {show(result['argmax_precision'])}, recall "
-        f"{show(result['argmax_recall'])} (the top candidate alone: "
-        f"{result['top1_precision']} / {result['top1_recall']}), agrees with greedy "
+        f", the argmax for {result['label_is_argmax']:.0%}; argmax = greedy for "
         f"{show(result['argmax_agrees_with_greedy'])}",
-        "argmax choices: " + ", ".join(f"{k} {v}" for k, v in
-                                       list(result["argmax_choices"].items())[:6]),
+        "rule            documents  precision  recall  most common (share)",
     ]
+    rules = [("argmax", result["argmax"]), ("top candidate", result["top1"])]
+    rules += [(f"marginal >= {t}", summary) for t, summary in result["marginal"].items()]
+    for name, summary in rules:
+        common = next(iter(summary["choices"]))
+        lines.append(f"{name:<16}{summary['documents']:>9}  {show(summary['precision']):>9}  "
+                     f"{show(summary['recall']):>6}  {common} ({summary['most_common_share']})")
     return "\n".join(lines)
 
 
@@ -327,6 +356,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-file", dest="data_file", required=True,
                         help="the evaluated data file (its gold supporting paragraphs)")
     parser.add_argument("--max-questions", dest="max_questions", type=int, default=None)
+    parser.add_argument("--thresholds", type=float, nargs="+", default=list(THRESHOLDS),
+                        help="inclusion-probability thresholds of the marginal rule")
     parser.add_argument("--precision", choices=PRECISION_CHOICES, default="auto")
     parser.add_argument("--use-cpu", dest="use_cpu", action="store_true")
     parser.add_argument("--json-out", dest="json_out", default=None)
@@ -334,6 +365,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("predictions", "corpus", "data_file"):
         if not Path(getattr(args, name)).is_file():
             fail(f"--{name.replace('_', '-')} {getattr(args, name)}: no such file")
+    if any(not 0.0 < t <= 1.0 for t in args.thresholds):
+        fail("--thresholds must lie in (0, 1]")
     if args.max_questions is not None and args.max_questions < 1:
         fail("--max-questions must be at least 1")
     return args

@@ -47,6 +47,23 @@ def test_stratified_auc_weights_positions_by_their_pairs() -> None:
     assert [(p["gold"], p["other"]) for p in per_position] == [(2, 1), (1, 2), (3, 0)]
 
 
+def test_the_marginal_rule_keeps_the_candidates_at_or_above_the_threshold() -> None:
+    assert bench.marginal_selection([0.9, 0.5, 0.49, 0.7], 0.5) == [0, 1, 3]
+    assert bench.marginal_selection([0.2, 0.1], 0.5) == []
+
+
+def test_a_rule_is_summarised_by_precision_recall_and_its_most_common_choice() -> None:
+    gold = [[True, False, True], [False, True, False], [True, False, False]]
+    summary = bench.selection_summary([[0], [0, 1], [0]], gold)
+    # precision 1, 1/2, 1 -> 5/6; recall 1/2, 1, 1 -> 5/6; documents 4/3; "Document0" twice
+    assert summary["precision"] == pytest.approx(0.8333, abs=1e-4)
+    assert summary["recall"] == pytest.approx(0.8333, abs=1e-4)
+    assert summary["documents"] == pytest.approx(1.333, abs=1e-3)
+    assert summary["choices"] == {"Document0": 2, "Document0,Document1": 1}
+    assert summary["most_common_share"] == pytest.approx(0.6667, abs=1e-4)
+    assert bench.selection_summary([[], [1]], [[True], [False, True]])["precision"] == 1.0
+
+
 def test_precision_and_recall_of_a_selection() -> None:
     gold = [True, False, True, False]
     assert bench.precision_recall([0, 1], gold) == (0.5, 0.5)
@@ -90,6 +107,7 @@ def test_the_bench_on_the_tiny_model(tiny_model_dir: Path, tiny_world_dir: Path,
                               predictions=str(predictions),
                               corpus=str(tiny_world_dir / "corpus.jsonl"),
                               data_file=str(tiny_world_dir / "dev.jsonl"), max_questions=None,
+                              thresholds=[0.5],
                               precision="fp32", use_cpu=True, json_out=None)
     result = bench.measure(args)
     assert result["questions"] == 3 and not result["skipped"]
@@ -100,7 +118,9 @@ def test_the_bench_on_the_tiny_model(tiny_model_dir: Path, tiny_world_dir: Path,
         assert 1 <= row["label_rank"] <= 2 ** k and 0.0 < row["label_p"] <= 1.0
         assert row["label"] == [i for i in range(k) if row["gold"][i]]
     assert result["content_auc"] is None or 0.0 <= result["content_auc"] <= 1.0
-    assert sum(result["argmax_choices"].values()) == 3
+    assert sum(result["argmax"]["choices"].values()) == 3
+    assert sum(result["marginal"]["0.5"]["choices"].values()) == 3
+    assert result["top1"]["documents"] == 1.0
     assert "content AUC" in bench.table(result)
 
 
