@@ -130,3 +130,18 @@ def test_a_candidate_missing_from_the_corpus_is_refused(tiny_world_dir: Path) ->
     row = {"id": "q", "candidates": [{"id": "nowhere"}]}
     with pytest.raises(SystemExit):
         bench.question_inputs(row, {}, GoldSupport("id", frozenset({"x"})))
+
+
+def test_missing_inputs_and_bad_thresholds_are_one_line_errors(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    present = tmp_path / "x.jsonl"
+    present.write_text("")
+    base = ["--model", str(tmp_path), "--predictions", str(present), "--corpus", str(present),
+            "--data-file", str(present)]
+    with pytest.raises(SystemExit) as missing:
+        bench.parse_args([*base[:2], "--predictions", str(tmp_path / "none.jsonl"), *base[4:]])
+    assert missing.value.code == 2
+    assert "--predictions" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args([*base, "--thresholds", "0.5", "1.5"])
+    assert "--thresholds" in capsys.readouterr().err
