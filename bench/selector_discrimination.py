@@ -73,6 +73,7 @@ from bench_runs import fail, write_result  # noqa: E402
 from mmoa.agents.candidates import Candidate  # noqa: E402
 from mmoa.agents.prompts import format_selection, selector_prompt  # noqa: E402
 from mmoa.data.support import GoldSupport  # noqa: E402
+from mmoa.fileio import read_jsonl  # noqa: E402
 
 SCRIPT = "bench/selector_discrimination.py"
 #: 2^K selections are scored per question: beyond this K the count (and the batch) explodes.
@@ -177,11 +178,6 @@ def response_logprobs(model: Any, prompt_ids: Sequence[int],
 
 # -- the bench --------------------------------------------------------------------------------
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
-
-
 def question_inputs(row: dict[str, Any], corpus: dict[str, dict[str, Any]],
                     support: GoldSupport) -> tuple[list[Candidate], list[bool]]:
     """The candidates the Selector saw for ``row`` (texts from the corpus, in the evaluation's
@@ -201,11 +197,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from mmoa.data.loaders import load_qa
     from mmoa.modeling import load_for_inference
 
-    rows = read_jsonl(Path(args.predictions))
+    rows = read_jsonl(args.predictions)
     if args.max_questions:
         rows = rows[:args.max_questions]
     records = {r.id: r for r in load_qa(args.data_file)}
-    corpus = {str(d["id"]): d for d in read_jsonl(Path(args.corpus))}
+    corpus = {str(d["id"]): d for d in read_jsonl(args.corpus)}
     model, tokenizer = load_for_inference(args.model, args.template, precision=args.precision,
                                           use_cpu=args.use_cpu)
     renderer = PromptRenderer(tokenizer, args.template)
