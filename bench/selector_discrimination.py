@@ -32,7 +32,12 @@ selections.) From ``q``:
   make a per-question choice, with no training.
 
 The baseline is in the figures themselves: any choice made from positions alone has a content
-AUC of 0.5, whatever the positions it prefers.
+AUC of 0.5, whatever the positions it prefers. Beside it, a reference that reads the documents
+with no model at all, to show how much a trivial reading of them separates gold from the rest:
+each candidate's **title overlap**, the share of its title's content words (stop words and
+punctuation dropped, as the SFT builder's heuristic labels drop them) that the question holds,
+with its content AUC and the **title rule**: keep the candidates whose whole title is in the
+question, else the top candidate.
 
 Reads the predictions (candidate ids and order), the corpus the server was built from (their
 texts: ``id``, ``title``, ``text`` or ``contents``) and the data file (gold supporting
@@ -72,6 +77,7 @@ from bench_runs import fail, write_result  # noqa: E402
 
 from mmoa.agents.candidates import Candidate  # noqa: E402
 from mmoa.agents.prompts import format_selection, selector_prompt  # noqa: E402
+from mmoa.data.sft_builder import STOP_WORDS  # noqa: E402
 from mmoa.data.support import GoldSupport  # noqa: E402
 from mmoa.fileio import read_jsonl  # noqa: E402
 
@@ -144,6 +150,34 @@ def precision_recall(selection: Sequence[int], gold: Sequence[bool]
     hits = sum(gold[i] for i in selection)
     total = sum(gold)
     return (hits / len(selection) if selection else None), (hits / total if total else None)
+
+
+def content_words(text: str) -> set[str]:
+    """Lower-cased words of ``text`` without punctuation, stop words and one-letter words."""
+    words = "".join(ch if ch.isalnum() else " " for ch in text.lower()).split()
+    return {w for w in words if len(w) > 1 and w not in STOP_WORDS}
+
+
+def title_overlap(question: str, title: str) -> float:
+    """The share of the title's content words found in the question (0 for a title without
+    any): 1.0 when the question names the document's title."""
+    title_words = content_words(title)
+    if not title_words:
+        return 0.0
+    return len(title_words & content_words(question)) / len(title_words)
+
+
+def title_rule_selection(overlaps: Sequence[float]) -> list[int]:
+    """The title rule: the candidates whose whole title is in the question, else the top one."""
+    return [i for i, x in enumerate(overlaps) if x >= 1.0] or [0]
+
+
+def candidate_title(candidate: Candidate) -> str:
+    """The document's ``title``, else the first line of its text (a plain-string document)."""
+    doc = candidate.doc
+    if isinstance(doc, dict) and isinstance(doc.get("title"), str) and doc["title"]:
+        return doc["title"]
+    return candidate.text.split("\n", 1)[0]
 
 
 # -- the model --------------------------------------------------------------------------------
@@ -236,6 +270,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "label": list(label), "label_p": label_p,
             "label_rank": 1 + sum(p > label_p for p in q),
             "greedy": row.get("selected_ids"),
+            "title_overlap": [round(title_overlap(row["question"], candidate_title(c)), 4)
+                              for c in candidates],
         })
     seconds = time.perf_counter() - started
     if not per_question:
@@ -305,8 +341,21 @@ def summarise(per_question: list[dict[str, Any]], skipped: Counter, seconds: flo
         "marginal": {f"{t:g}": selection_summary([marginal_selection(m, t) for m in scores],
                                                  gold)
                      for t in args.thresholds},
+        "title_reference": title_reference([row["title_overlap"] for row in per_question], gold),
         "seconds": round(seconds, 1),
         "per_question": per_question,
+    }
+
+
+def title_reference(overlaps: Sequence[Sequence[float]], gold: Sequence[Sequence[bool]]
+                    ) -> dict[str, Any]:
+    """The no-model reference: the title overlap's content AUC (within position, as the
+    model's) and the title rule's selections."""
+    content_auc, per_position = stratified_auc(overlaps, gold)
+    return {
+        "content_auc": None if content_auc is None else round(content_auc, 4),
+        "content_auc_by_position": per_position,
+        "rule": selection_summary([title_rule_selection(x) for x in overlaps], gold),
     }
 
 
@@ -333,10 +382,15 @@ def table(result: dict[str, Any]) -> str:
     ]
     rules = [("argmax", result["argmax"]), ("top candidate", result["top1"])]
     rules += [(f"marginal >= {t}", summary) for t, summary in result["marginal"].items()]
+    reference = result["title_reference"]
+    rules.append(("title rule", reference["rule"]))
     for name, summary in rules:
         common = next(iter(summary["choices"]))
         lines.append(f"{name:<16}{summary['documents']:>9}  {show(summary['precision']):>9}  "
                      f"{show(summary['recall']):>6}  {common} ({summary['most_common_share']})")
+    lines.append(f"no model, title overlap with the question: content AUC "
+                 f"{show(reference['content_auc'])} (title rule above: the candidates whose "
+                 "title is in the question, else the top one)")
     return "\n".join(lines)
 
 

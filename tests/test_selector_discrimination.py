@@ -64,6 +64,42 @@ def test_a_rule_is_summarised_by_precision_recall_and_its_most_common_choice() -
     assert bench.selection_summary([[], [1]], [[True], [False, True]])["precision"] == 1.0
 
 
+def test_title_overlap_is_the_share_of_the_title_words_the_question_holds() -> None:
+    question = "Are Cardinal Health and Kansas City Southern located in the same state?"
+    assert bench.title_overlap(question, "Kansas City Southern") == 1.0
+    # "Kansas City Southern Railway": 3 of its 4 content words are in the question
+    assert bench.title_overlap(question, "Kansas City Southern Railway") == pytest.approx(0.75)
+    # stop words and punctuation do not count: "The" and "(" are dropped, "Health" matches
+    assert bench.title_overlap(question, "The Health (magazine)") == pytest.approx(0.5)
+    assert bench.title_overlap(question, "Of the") == 0.0
+    # "and" and "no" are stop words, "4" has one letter
+    assert bench.content_words("Hook and Ladder No. 4") == {"hook", "ladder"}
+
+
+def test_the_title_rule_keeps_full_matches_else_the_top_candidate() -> None:
+    assert bench.title_rule_selection([0.5, 1.0, 0.0, 1.0]) == [1, 3]
+    assert bench.title_rule_selection([0.5, 0.9]) == [0]
+
+
+def test_the_title_reference_reads_the_documents_without_a_model() -> None:
+    overlaps = [[1.0, 0.0, 1.0], [0.5, 1.0, 0.0]]
+    gold = [[True, False, True], [False, True, False]]
+    reference = bench.title_reference(overlaps, gold)
+    # position 0: gold 1.0 vs 0.5; position 1: gold 1.0 vs 0.0; position 2: gold 1.0 vs 0.0
+    assert reference["content_auc"] == 1.0
+    # rule: [0, 2] (both gold) and [1] (gold): precision 1, recall 1
+    assert reference["rule"]["choices"] == {"Document0,Document2": 1, "Document1": 1}
+    assert reference["rule"]["precision"] == 1.0 and reference["rule"]["recall"] == 1.0
+
+
+def test_a_candidate_title_comes_from_the_title_field_else_the_first_line() -> None:
+    from mmoa.agents.candidates import Candidate
+
+    assert bench.candidate_title(Candidate({"title": "Pittosporum", "text": "x"}, 0, 0)) \
+        == "Pittosporum"
+    assert bench.candidate_title(Candidate("Descolea\nDescolea is a genus", 0, 0)) == "Descolea"
+
+
 def test_precision_and_recall_of_a_selection() -> None:
     gold = [True, False, True, False]
     assert bench.precision_recall([0, 1], gold) == (0.5, 0.5)
@@ -121,6 +157,8 @@ def test_the_bench_on_the_tiny_model(tiny_model_dir: Path, tiny_world_dir: Path,
     assert sum(result["argmax"]["choices"].values()) == 3
     assert sum(result["marginal"]["0.5"]["choices"].values()) == 3
     assert result["top1"]["documents"] == 1.0
+    assert sum(result["title_reference"]["rule"]["choices"].values()) == 3
+    assert all(len(row["title_overlap"]) == row["k"] for row in result["per_question"])
     assert "content AUC" in bench.table(result)
 
 
