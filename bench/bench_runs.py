@@ -396,6 +396,18 @@ def write_result(path: str | Path, result: dict[str, Any], script: str, *,
     return kept
 
 
+def publish(result: dict[str, Any], json_out: str | None, script: str,
+            table: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
+    """The end of a measuring bench: its result JSON written where ``json_out`` asks
+    (:func:`write_result`), then printed without its ``per_question`` rows (kept in the file),
+    then its short ``table``. Returns the result as written."""
+    if json_out:
+        result = write_result(json_out, result, script)
+    print(json.dumps({k: v for k, v in result.items() if k != "per_question"}, indent=1))
+    print(table(result))
+    return result
+
+
 def rollout_limits(mappo_config: str) -> list[str]:
     """``--max_new_tokens_{qr,selector,generator} N`` from a MAPPO config's
     ``mappo_max_new_tokens_*``: evaluations and synthesised data generate with the limits the

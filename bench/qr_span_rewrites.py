@@ -38,7 +38,6 @@ Prints one JSON object and a table; ``--json-out`` writes the JSON too.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import time
@@ -50,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "LLaMA-Factory" / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_runs import fail, write_result  # noqa: E402
+from bench_runs import fail, publish  # noqa: E402
 
 from mmoa.agents.candidates import merge_candidates  # noqa: E402
 from mmoa.agents.prompts import MAX_SUBQUESTIONS  # noqa: E402
@@ -228,11 +227,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    result = measure(args)
-    if args.json_out:
-        result = write_result(args.json_out, result, SCRIPT)
-    print(json.dumps({k: v for k, v in result.items() if k != "per_question"}, indent=1))
-    print(table(result))
+    publish(measure(args), args.json_out, SCRIPT, table)
     return 0
 
 

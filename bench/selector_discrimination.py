@@ -57,7 +57,6 @@ from __future__ import annotations
 import argparse
 import copy
 import itertools
-import json
 import math
 import sys
 import time
@@ -73,7 +72,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "LLaMA-Factory" / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_runs import fail, write_result  # noqa: E402
+from bench_runs import fail, publish  # noqa: E402
 
 from mmoa.agents.candidates import Candidate  # noqa: E402
 from mmoa.agents.prompts import format_selection, selector_prompt  # noqa: E402
@@ -424,11 +423,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    result = measure(args)
-    if args.json_out:
-        result = write_result(args.json_out, result, SCRIPT)
-    print(json.dumps({k: v for k, v in result.items() if k != "per_question"}, indent=1))
-    print(table(result))
+    publish(measure(args), args.json_out, SCRIPT, table)
     return 0
 
 
