@@ -1,0 +1,101 @@
+"""Selector-only SFT records with the candidates in new orders: a test of position-free reading.
+
+A Selector trained on candidates in retrieval order learns that the first candidates are the
+gold ones (on HotpotQA's distractor set the first is gold for 80 of 100 dev questions), which a
+model can learn without reading a document (docs/real_workflow.md, "Does the Selector read its
+candidates at all?"). Shown the same question's candidates in a random order with the label
+renumbered to match, a model can only fit the label by reading the documents. This module turns
+the Selector records of an SFT file (any builder's: the prompt is :func:`selector_prompt`'s)
+into ``copies`` such permutations each, for continued training of the Selector alone.
+
+The records are parsed back into question, candidates and label and rebuilt with the same
+prompt functions, and a record that does not rebuild to its own text is refused: a permuted
+record is then exactly what the pipeline would show for that order.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mmoa.agents.prompts import SELECTOR_SYSTEM, format_selection, selector_prompt
+from mmoa.fileio import DataFormatError
+
+_QUESTION = "Question: "
+_DOCUMENT = re.compile(r"\n\nDocument(\d+): ")
+
+
+@dataclass(frozen=True)
+class SelectorExample:
+    """One Selector record: the question, its candidates in order, the gold ones' indices."""
+
+    question: str
+    candidates: list[str]
+    label: list[int]
+
+
+def is_selector_record(record: dict[str, str]) -> bool:
+    return record.get("system") == SELECTOR_SYSTEM
+
+
+def parse_selector_record(record: dict[str, str], where: str = "record") -> SelectorExample:
+    """The question, candidates and label of a Selector record; :class:`DataFormatError` where
+    the record is not one :func:`selector_prompt` wrote (it must rebuild to the same text)."""
+    body = record.get("input", "")
+    if not body.startswith(_QUESTION):
+        raise DataFormatError(f"{where}: a Selector input starts with {_QUESTION!r}")
+    parts = _DOCUMENT.split(body)
+    # parts = [question block, "0", doc0, "1", doc1, ...]
+    numbers = [int(n) for n in parts[1::2]]
+    if not numbers or numbers != list(range(len(numbers))):
+        raise DataFormatError(f"{where}: the documents are not numbered Document0, Document1, ...")
+    question = parts[0][len(_QUESTION):]
+    candidates = parts[2::2]
+    label_text = record.get("output", "").strip()
+    label = [] if not label_text else [
+        int(item[len("Document"):]) for item in label_text.split(",")
+        if item.startswith("Document") and item[len("Document"):].isdigit()]
+    if format_selection(label) != label_text or label != sorted(set(label)) \
+            or any(i >= len(candidates) for i in label):
+        raise DataFormatError(f"{where}: the output {label_text!r} is not a canonical selection "
+                              f"of its {len(candidates)} candidates (ascending, no repeat)")
+    rebuilt = selector_prompt(question, candidates)
+    if (rebuilt.input, rebuilt.instruction) != (body, record.get("instruction")):
+        raise DataFormatError(f"{where}: the record does not rebuild to its own text (not "
+                              "written by selector_prompt, or edited)")
+    return SelectorExample(question, candidates, label)
+
+
+def permuted(example: SelectorExample, order: Sequence[int]) -> dict[str, str]:
+    """The Alpaca record of ``example`` with candidate ``order[j]`` shown as Document j and the
+    label renumbered to match (ascending, the canonical form)."""
+    if sorted(order) != list(range(len(example.candidates))):
+        raise ValueError(f"order {list(order)} is not a permutation of "
+                         f"{len(example.candidates)} candidates")
+    position = {old: new for new, old in enumerate(order)}
+    label = sorted(position[i] for i in example.label)
+    return selector_prompt(example.question, [example.candidates[i] for i in order]).alpaca(
+        format_selection(label))
+
+
+def permuted_selector_records(records: Sequence[dict[str, str]], copies: int, seed: int
+                              ) -> tuple[list[dict[str, str]], int]:
+    """``copies`` random permutations of every Selector record among ``records`` (the other
+    agents' records are left out), and how many Selector records there were."""
+    if copies < 1:
+        raise ValueError(f"copies must be at least 1, got {copies}")
+    rng = random.Random(seed)
+    out: list[dict[str, str]] = []
+    found = 0
+    for n, record in enumerate(records):
+        if not is_selector_record(record):
+            continue
+        found += 1
+        example = parse_selector_record(record, where=f"record {n}")
+        for _ in range(copies):
+            order = list(range(len(example.candidates)))
+            rng.shuffle(order)
+            out.append(permuted(example, order))
+    return out, found

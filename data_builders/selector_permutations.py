@@ -1,0 +1,62 @@
+"""Selector-only SFT records with the candidates shuffled: every Selector record of an SFT file
+(``mmoa-cli data sft``'s, or any builder's) in ``--copies`` random candidate orders, its label
+renumbered to match, written as an Alpaca dataset and registered in ``--output_dir``. For
+continued training of the Selector alone, where the rank order lets it fit its labels without
+reading the documents (logic and rationale: ``mmoa.data.selector_permutations``;
+docs/real_workflow.md).
+
+Example (the warm start's data folder from bench/side_by_side.py, then a Selector-only epoch):
+  python data_builders/selector_permutations.py --input saves/work/data-<key>/sbs_sft.json \\
+      --output_dir data/selector_shuffled --copies 1 --seed 1
+  bash LLaMA-Factory/run_sft.sh LLaMA-Factory/examples/demo/smollm2_full_sft.yaml \\
+      model_name_or_path=<the warm start> dataset=selector_shuffled \\
+      dataset_dir=data/selector_shuffled output_dir=saves/selector_shuffled max_steps=-1 \\
+      num_train_epochs=1 cutoff_len=2048 per_device_train_batch_size=2 gradient_accumulation_steps=2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mmoa.data.registry import register_datasets
+from mmoa.data.selector_permutations import permuted_selector_records
+from mmoa.data.sft_builder import ALPACA_COLUMNS
+from mmoa.fileio import DataFormatError, atomic_write_text, read_utf8_text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--input", required=True, help="an Alpaca SFT file (a JSON list)")
+    parser.add_argument("--output_dir", required=True,
+                        help="the dataset folder to write into (dataset_info.json is updated)")
+    parser.add_argument("--name", default="selector_shuffled", help="the dataset's name")
+    parser.add_argument("--copies", type=int, default=1,
+                        help="random orders of each Selector record (default 1)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    prefix = f"{Path(sys.argv[0]).name}: error:"
+    try:
+        records = json.loads(read_utf8_text(args.input))
+        if not isinstance(records, list):
+            raise DataFormatError(f"{args.input}: an Alpaca SFT file is a JSON list of records")
+        out, found = permuted_selector_records(records, args.copies, args.seed)
+        if not found:
+            raise DataFormatError(f"{args.input}: no Selector record among {len(records)}")
+    except (OSError, ValueError) as err:  # DataFormatError and JSONDecodeError are ValueErrors
+        print(f"{prefix} {err} (nothing was written)", file=sys.stderr)
+        return 2
+    path = Path(args.output_dir) / f"{args.name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(out, ensure_ascii=False, indent=1) + "\n")
+    register_datasets(args.output_dir, {
+        args.name: {"file_name": path.name, "formatting": "alpaca", "columns": ALPACA_COLUMNS}})
+    print(f"{found} Selector records of {len(records)} -> {len(out)} shuffled records in {path} "
+          f"(dataset {args.name!r})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

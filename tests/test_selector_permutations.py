@@ -1,0 +1,94 @@
+"""Selector-only records with shuffled candidates (``mmoa.data.selector_permutations`` and
+``data_builders/selector_permutations.py``): labels renumbered by hand-worked permutations, the
+records rebuilt with the pipeline's own prompt, malformed records refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmoa.agents.prompts import generator_prompt, qr_prompt, selector_prompt
+from mmoa.data.selector_permutations import (
+    parse_selector_record,
+    permuted,
+    permuted_selector_records,
+)
+from mmoa.fileio import DataFormatError
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ["Alpha\nAlpha is a letter.", "Beta\nBeta follows alpha.", "Gamma\nGamma is third."]
+
+
+def selector_record(label: str = "Document0,Document2") -> dict[str, str]:
+    return selector_prompt("Which letters are Greek?", DOCS).alpaca(label)
+
+
+def test_a_record_parses_back_into_question_candidates_and_label() -> None:
+    example = parse_selector_record(selector_record())
+    assert example.question == "Which letters are Greek?"
+    assert example.candidates == DOCS
+    assert example.label == [0, 2]
+    assert parse_selector_record(selector_record("")).label == []
+
+
+def test_a_permutation_moves_the_documents_and_renumbers_the_label() -> None:
+    example = parse_selector_record(selector_record())
+    # shown order: Gamma (old 2), Alpha (old 0), Beta (old 1): gold old 0 -> 1, old 2 -> 0
+    record = permuted(example, [2, 0, 1])
+    assert record["output"] == "Document0,Document1"
+    assert record == selector_prompt("Which letters are Greek?",
+                                     [DOCS[2], DOCS[0], DOCS[1]]).alpaca("Document0,Document1")
+    assert permuted(example, [0, 1, 2]) == selector_record()
+    with pytest.raises(ValueError, match="permutation"):
+        permuted(example, [0, 0, 1])
+
+
+def test_only_selector_records_are_kept_and_each_label_names_the_same_documents() -> None:
+    records = [qr_prompt("q?").alpaca("q?"), selector_record(),
+               generator_prompt("q?", DOCS[:1]).alpaca("**a**"), selector_record("Document1")]
+    out, found = permuted_selector_records(records, copies=3, seed=7)
+    assert found == 2 and len(out) == 6
+    wanted = [{DOCS[0], DOCS[2]}] * 3 + [{DOCS[1]}] * 3
+    for record, gold in zip(out, wanted, strict=True):
+        example = parse_selector_record(record)
+        assert sorted(example.candidates) == sorted(DOCS)
+        assert {example.candidates[i] for i in example.label} == gold
+    assert permuted_selector_records(records, copies=3, seed=7)[0] == out  # seeded
+    with pytest.raises(ValueError, match="copies"):
+        permuted_selector_records(records, copies=0, seed=7)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda r: r.update(input=r["input"].replace("Question: ", "Q: ")), "starts with"),
+    (lambda r: r.update(input=r["input"].replace("Document1: ", "Document5: ")), "numbered"),
+    (lambda r: r.update(output="Document2,Document0"), "canonical"),
+    (lambda r: r.update(output="Document3"), "canonical"),
+    (lambda r: r.update(instruction="Pick documents."), "rebuild"),
+])
+def test_a_record_the_prompt_did_not_write_is_refused(edit, message: str) -> None:
+    record = selector_record()
+    edit(record)
+    with pytest.raises(DataFormatError, match=message):
+        parse_selector_record(record)
+
+
+def test_the_script_writes_and_registers_the_dataset(tmp_path: Path) -> None:
+    source = tmp_path / "sft.json"
+    source.write_text(json.dumps([qr_prompt("q?").alpaca("q?"), selector_record()]))
+    out = tmp_path / "out"
+    script = str(ROOT / "data_builders/selector_permutations.py")
+    done = subprocess.run([sys.executable, script, "--input", str(source), "--output_dir",
+                           str(out), "--copies", "2"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads((out / "selector_shuffled.json").read_text())) == 2
+    info = json.loads((out / "dataset_info.json").read_text())
+    assert info["selector_shuffled"]["file_name"] == "selector_shuffled.json"
+    source.write_text(json.dumps([qr_prompt("q?").alpaca("q?")]))
+    bad = subprocess.run([sys.executable, script, "--input", str(source), "--output_dir",
+                          str(tmp_path / "none")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no Selector record" in bad.stderr
+    assert not (tmp_path / "none").exists()
