@@ -21,10 +21,9 @@ import json
 import sys
 from pathlib import Path
 
-from mmoa.data.registry import register_datasets
 from mmoa.data.selector_permutations import permuted_selector_records
-from mmoa.data.sft_builder import ALPACA_COLUMNS
-from mmoa.fileio import DataFormatError, atomic_write_text, read_utf8_text
+from mmoa.data.sft_builder import SFTBuildConfig, SFTBuildReport, write_sft_dataset
+from mmoa.fileio import DataFormatError, read_utf8_text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,11 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as err:  # DataFormatError and JSONDecodeError are ValueErrors
         print(f"{prefix} {err} (nothing was written)", file=sys.stderr)
         return 2
-    path = Path(args.output_dir) / f"{args.name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(out, ensure_ascii=False, indent=1) + "\n")
-    register_datasets(args.output_dir, {
-        args.name: {"file_name": path.name, "formatting": "alpaca", "columns": ALPACA_COLUMNS}})
+    path = write_sft_dataset(out, SFTBuildConfig(dataset_dir=args.output_dir, name=args.name),
+                             SFTBuildReport())
     print(f"{found} Selector records of {len(records)} -> {len(out)} shuffled records in {path} "
           f"(dataset {args.name!r})")
     return 0

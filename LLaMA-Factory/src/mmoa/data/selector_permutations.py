@@ -20,6 +20,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mmoa.agents.parsers import parse_selection
 from mmoa.agents.prompts import SELECTOR_SYSTEM, format_selection, selector_prompt
 from mmoa.fileio import DataFormatError
 
@@ -54,11 +55,10 @@ def parse_selector_record(record: dict[str, str], where: str = "record") -> Sele
     question = parts[0][len(_QUESTION):]
     candidates = parts[2::2]
     label_text = record.get("output", "").strip()
-    label = [] if not label_text else [
-        int(item[len("Document"):]) for item in label_text.split(",")
-        if item.startswith("Document") and item[len("Document"):].isdigit()]
-    if format_selection(label) != label_text or label != sorted(set(label)) \
-            or any(i >= len(candidates) for i in label):
+    selection = parse_selection(label_text, len(candidates))
+    label = selection.ids
+    if selection.malformed or selection.out_of_range or selection.duplicate \
+            or label != sorted(label):
         raise DataFormatError(f"{where}: the output {label_text!r} is not a canonical selection "
                               f"of its {len(candidates)} candidates (ascending, no repeat)")
     rebuilt = selector_prompt(question, candidates)
