@@ -35,13 +35,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--copies", type=int, default=1,
                         help="random orders of each Selector record (default 1)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep_given_order", action="store_true",
+                        help="also write each Selector record in its own (retrieval) order, "
+                             "before its shuffled copies")
     args = parser.parse_args(argv)
     prefix = f"{Path(sys.argv[0]).name}: error:"
     try:
         records = json.loads(read_utf8_text(args.input))
         if not isinstance(records, list):
             raise DataFormatError(f"{args.input}: an Alpaca SFT file is a JSON list of records")
-        out, found = permuted_selector_records(records, args.copies, args.seed)
+        out, found = permuted_selector_records(records, args.copies, args.seed,
+                                               args.keep_given_order)
         if not found:
             raise DataFormatError(f"{args.input}: no Selector record among {len(records)}")
     except (OSError, ValueError) as err:  # DataFormatError and JSONDecodeError are ValueErrors

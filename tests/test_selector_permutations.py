@@ -62,6 +62,15 @@ def test_only_selector_records_are_kept_and_each_label_names_the_same_documents(
         permuted_selector_records(records, copies=0, seed=7)
 
 
+def test_the_given_order_is_kept_first_when_asked() -> None:
+    records = [selector_record(), selector_record("Document1")]
+    out, found = permuted_selector_records(records, copies=2, seed=7, keep_given_order=True)
+    assert found == 2 and len(out) == 6
+    assert out[0] == records[0] and out[3] == records[1]  # rebuilt to the same text
+    # the shuffled copies are the same draws as without the given order
+    assert [out[i] for i in (1, 2, 4, 5)] == permuted_selector_records(records, 2, seed=7)[0]
+
+
 @pytest.mark.parametrize(("edit", "message"), [
     (lambda r: r.update(input=r["input"].replace("Question: ", "Q: ")), "starts with"),
     (lambda r: r.update(input=r["input"].replace("Document1: ", "Document5: ")), "numbered"),

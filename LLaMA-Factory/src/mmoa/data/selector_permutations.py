@@ -80,10 +80,15 @@ def permuted(example: SelectorExample, order: Sequence[int]) -> dict[str, str]:
         format_selection(label))
 
 
-def permuted_selector_records(records: Sequence[dict[str, str]], copies: int, seed: int
+def permuted_selector_records(records: Sequence[dict[str, str]], copies: int, seed: int,
+                              keep_given_order: bool = False
                               ) -> tuple[list[dict[str, str]], int]:
     """``copies`` random permutations of every Selector record among ``records`` (the other
-    agents' records are left out), and how many Selector records there were."""
+    agents' records are left out), and how many Selector records there were.
+
+    ``keep_given_order`` also writes each record in its own order first (rebuilt, so checked like
+    the others): mixed with the permutations, the model keeps the rank prior the rollouts show
+    (retrieval order) while the shuffled copies reward reading the documents."""
     if copies < 1:
         raise ValueError(f"copies must be at least 1, got {copies}")
     rng = random.Random(seed)
@@ -94,6 +99,8 @@ def permuted_selector_records(records: Sequence[dict[str, str]], copies: int, se
             continue
         found += 1
         example = parse_selector_record(record, where=f"record {n}")
+        if keep_given_order:
+            out.append(permuted(example, range(len(example.candidates))))
         for _ in range(copies):
             order = list(range(len(example.candidates)))
             rng.shuffle(order)
