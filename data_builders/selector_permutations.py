@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     path = write_sft_dataset(out, SFTBuildConfig(dataset_dir=args.output_dir, name=args.name),
                              SFTBuildReport())
-    print(f"{found} Selector records of {len(records)} -> {len(out)} shuffled records in {path} "
+    given = f", {found} of them in their own order" if args.keep_given_order else ""
+    print(f"{found} Selector records of {len(records)} -> {len(out)} records in {path}{given} "
           f"(dataset {args.name!r})")
     return 0
 
