@@ -3,7 +3,8 @@
 renumbered to match, written as an Alpaca dataset and registered in ``--output_dir``. For
 continued training of the Selector alone, where the rank order lets it fit its labels without
 reading the documents (logic and rationale: ``mmoa.data.selector_permutations``;
-docs/real_workflow.md).
+docs/real_workflow.md). From records with more candidates than the pipeline shows, each copy
+can be a random ``--subset_size`` of them instead (many distinct records per question).
 
 Example (the warm start's data folder from bench/side_by_side.py, then a Selector-only epoch):
   python data_builders/selector_permutations.py --input saves/work/data-<key>/sbs_sft.json \\
@@ -38,6 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep_given_order", action="store_true",
                         help="also write each Selector record in its own (retrieval) order, "
                              "before its shuffled copies")
+    parser.add_argument("--subset_size", type=int, default=None,
+                        help="each copy shows a random N of the record's candidates (records "
+                             "built with more candidates than the pipeline shows, e.g. data sft "
+                             "--k 10 for a K = 5 Selector); default: all of them, shuffled")
+    parser.add_argument("--subset_order", choices=("ranked", "shuffled"), default="shuffled",
+                        help="with --subset_size: the drawn candidates in their retrieval order "
+                             "(ranked) or shuffled (default)")
     args = parser.parse_args(argv)
     prefix = f"{Path(sys.argv[0]).name}: error:"
     try:
@@ -45,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(records, list):
             raise DataFormatError(f"{args.input}: an Alpaca SFT file is a JSON list of records")
         out, found = permuted_selector_records(records, args.copies, args.seed,
-                                               args.keep_given_order)
+                                               args.keep_given_order, args.subset_size,
+                                               args.subset_order)
         if not found:
             raise DataFormatError(f"{args.input}: no Selector record among {len(records)}")
     except (OSError, ValueError) as err:  # DataFormatError and JSONDecodeError are ValueErrors
@@ -54,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     path = write_sft_dataset(out, SFTBuildConfig(dataset_dir=args.output_dir, name=args.name),
                              SFTBuildReport())
     given = f", {found} of them in their own order" if args.keep_given_order else ""
+    if args.subset_size is not None:
+        given += f", subsets of {args.subset_size} ({args.subset_order})"
     print(f"{found} Selector records of {len(records)} -> {len(out)} records in {path}{given} "
           f"(dataset {args.name!r})")
     return 0

@@ -5,6 +5,7 @@ records rebuilt with the pipeline's own prompt, malformed records refused."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,11 @@ import pytest
 
 from mmoa.agents.prompts import generator_prompt, qr_prompt, selector_prompt
 from mmoa.data.selector_permutations import (
+    drawn_subset,
     parse_selector_record,
     permuted,
     permuted_selector_records,
+    shown,
 )
 from mmoa.fileio import DataFormatError
 
@@ -101,3 +104,49 @@ def test_the_script_writes_and_registers_the_dataset(tmp_path: Path) -> None:
                           str(tmp_path / "none")], capture_output=True, text=True)
     assert bad.returncode == 2 and "no Selector record" in bad.stderr
     assert not (tmp_path / "none").exists()
+
+
+def test_a_subset_shows_the_chosen_documents_and_keeps_their_gold() -> None:
+    docs = [*DOCS, "Delta\nDelta is fourth.", "Epsilon\nEpsilon is fifth."]
+    example = parse_selector_record(
+        selector_prompt("Which letters are Greek?", docs).alpaca("Document1,Document4"))
+    # shown: Epsilon (old 4, gold), Alpha (old 0), Beta (old 1, gold) -> Document0, Document2
+    assert shown(example, [4, 0, 1]) == selector_prompt(
+        "Which letters are Greek?", [docs[4], docs[0], docs[1]]).alpaca("Document0,Document2")
+    assert shown(example, [2, 3])["output"] == ""  # no gold among them: the empty selection
+    with pytest.raises(ValueError, match="distinct"):
+        shown(example, [1, 1])
+    with pytest.raises(ValueError, match="distinct"):
+        shown(example, [5])
+
+
+def test_subsets_are_drawn_per_copy_in_ranked_or_shuffled_order() -> None:
+    rng = random.Random(3)
+    for _ in range(20):
+        ranked = drawn_subset(10, 5, "ranked", rng)
+        assert len(set(ranked)) == 5 and ranked == sorted(ranked) and max(ranked) < 10
+    assert sorted(drawn_subset(3, 5, "shuffled", rng)) == [0, 1, 2]  # fewer than asked: all
+    draws = [tuple(drawn_subset(10, 5, "shuffled", rng)) for _ in range(50)]
+    assert any(list(d) != sorted(d) for d in draws) and len(set(draws)) > 40
+
+    docs = [f"T{i}\nText {i}." for i in range(10)]
+    record = selector_prompt("q?", docs).alpaca("Document0,Document7")
+    out, found = permuted_selector_records([record], copies=6, seed=5, keep_given_order=True,
+                                           subset_size=5, subset_order="ranked")
+    assert found == 1 and len(out) == 7
+    top = parse_selector_record(out[0])  # the given order: the top five
+    assert top.candidates == docs[:5] and top.label == [0]
+    for made in out[1:]:
+        example = parse_selector_record(made)
+        assert len(example.candidates) == 5
+        ranks = [docs.index(c) for c in example.candidates]
+        assert ranks == sorted(ranks)
+        assert [ranks[i] for i in example.label] == [r for r in ranks if r in (0, 7)]
+        assert example.label  # every subset holds a gold candidate where the record has one
+    no_gold = selector_prompt("q?", docs).alpaca("")
+    assert parse_selector_record(permuted_selector_records(
+        [no_gold], copies=1, seed=5, subset_size=5)[0][0]).label == []
+    with pytest.raises(ValueError, match="subset_size"):
+        permuted_selector_records([record], copies=1, seed=5, subset_size=0)
+    with pytest.raises(ValueError, match="subset order"):
+        permuted_selector_records([record], copies=1, seed=5, subset_size=5, subset_order="x")

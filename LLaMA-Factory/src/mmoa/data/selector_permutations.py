@@ -8,6 +8,13 @@ renumbered to match, a model can only fit the label by reading the documents. Th
 the Selector records of an SFT file (any builder's: the prompt is :func:`selector_prompt`'s)
 into ``copies`` such permutations each, for continued training of the Selector alone.
 
+Built from records with more candidates than the pipeline shows (``data sft --k 10`` for a
+K = 5 Selector), each copy can also be a random ``subset_size`` of them: many distinct records
+per training question (C(10, 5) = 252 subsets), in which the first candidate shown is gold far
+less often than in the top five, so the label is predicted by the documents more than by the
+rank. ``subset_order="ranked"`` keeps the drawn candidates in their retrieval order (the rollouts'
+order, a weaker rank cue); ``"shuffled"`` shuffles them as well.
+
 The records are parsed back into question, candidates and label and rebuilt with the same
 prompt functions, and a record that does not rebuild to its own text is refused: a permuted
 record is then exactly what the pipeline would show for that order.
@@ -80,17 +87,56 @@ def permuted(example: SelectorExample, order: Sequence[int]) -> dict[str, str]:
         format_selection(label))
 
 
+SUBSET_ORDERS = ("ranked", "shuffled")
+
+
+def drawn_subset(n_candidates: int, size: int, order: str, rng: random.Random) -> list[int]:
+    """A random ``size`` of ``n_candidates`` candidates (all of them where there are no more),
+    as the order to show them in: ascending (``"ranked"``: their retrieval order) or shuffled."""
+    chosen = rng.sample(range(n_candidates), min(size, n_candidates))
+    if order == "ranked":
+        return sorted(chosen)
+    rng.shuffle(chosen)
+    return chosen
+
+
+def shown(example: SelectorExample, order: Sequence[int]) -> dict[str, str]:
+    """The Alpaca record of ``example`` showing only the candidates ``order`` names, in that
+    order (``order[j]`` as Document j), the label renumbered and restricted to them."""
+    if len(set(order)) != len(order) or not all(0 <= i < len(example.candidates) for i in order):
+        raise ValueError(f"order {list(order)} does not name distinct candidates of "
+                         f"{len(example.candidates)}")
+    gold = set(example.label)
+    kept = SelectorExample(example.question, [example.candidates[i] for i in order],
+                           [j for j, i in enumerate(order) if i in gold])
+    return permuted(kept, range(len(order)))
+
+
 def permuted_selector_records(records: Sequence[dict[str, str]], copies: int, seed: int,
-                              keep_given_order: bool = False
+                              keep_given_order: bool = False, subset_size: int | None = None,
+                              subset_order: str = "shuffled"
                               ) -> tuple[list[dict[str, str]], int]:
     """``copies`` random permutations of every Selector record among ``records`` (the other
     agents' records are left out), and how many Selector records there were.
 
     ``keep_given_order`` also writes each record in its own order first (rebuilt, so checked like
     the others): mixed with the permutations, the model keeps the rank prior the rollouts show
-    (retrieval order) while the shuffled copies reward reading the documents."""
+    (retrieval order) while the shuffled copies reward reading the documents.
+
+    ``subset_size`` makes each copy a random ``subset_size`` of the record's candidates, in
+    ``subset_order`` order (``"ranked"`` or ``"shuffled"``), drawn uniformly among the subsets
+    that hold at least one of its gold candidates where it has any (random subsets of five of
+    the top ten of HotpotQA's distractor set hold none for 28 % of the records, where the
+    rollouts' top five hold none for 3 %: the empty label would be taught far more often than
+    it is right); the given order is then its first ``subset_size`` candidates, the top of the
+    retrieval."""
     if copies < 1:
         raise ValueError(f"copies must be at least 1, got {copies}")
+    if subset_size is not None and subset_size < 1:
+        raise ValueError(f"subset_size must be at least 1, got {subset_size}")
+    if subset_order not in SUBSET_ORDERS:
+        raise ValueError(f"subset order must be one of {SUBSET_ORDERS}, got "
+                         f"{subset_order!r}")
     rng = random.Random(seed)
     out: list[dict[str, str]] = []
     found = 0
@@ -99,10 +145,16 @@ def permuted_selector_records(records: Sequence[dict[str, str]], copies: int, se
             continue
         found += 1
         example = parse_selector_record(record, where=f"record {n}")
+        size = len(example.candidates)
         if keep_given_order:
-            out.append(permuted(example, range(len(example.candidates))))
+            out.append(shown(example, range(min(size, subset_size or size))))
         for _ in range(copies):
-            order = list(range(len(example.candidates)))
-            rng.shuffle(order)
-            out.append(permuted(example, order))
+            if subset_size is None:
+                order = list(range(size))
+                rng.shuffle(order)
+            else:  # redrawn until it holds a gold candidate, where the record has one
+                order = drawn_subset(size, subset_size, subset_order, rng)
+                while example.label and not set(example.label) & set(order):
+                    order = drawn_subset(size, subset_size, subset_order, rng)
+            out.append(shown(example, order))
     return out, found
