@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-from mmoa.data.selector_permutations import permuted_selector_records
+from mmoa.data.selector_permutations import SUBSET_ORDERS, permuted_selector_records
 from mmoa.data.sft_builder import SFTBuildConfig, SFTBuildReport, write_sft_dataset
 from mmoa.fileio import DataFormatError, read_utf8_text
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="each copy shows a random N of the record's candidates (records "
                              "built with more candidates than the pipeline shows, e.g. data sft "
                              "--k 10 for a K = 5 Selector); default: all of them, shuffled")
-    parser.add_argument("--subset_order", choices=("ranked", "shuffled"), default="shuffled",
+    parser.add_argument("--subset_order", choices=SUBSET_ORDERS, default="shuffled",
                         help="with --subset_size: the drawn candidates in their retrieval order "
                              "(ranked) or shuffled (default)")
     args = parser.parse_args(argv)
@@ -62,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     path = write_sft_dataset(out, SFTBuildConfig(dataset_dir=args.output_dir, name=args.name),
                              SFTBuildReport())
-    given = f", {found} of them in their own order" if args.keep_given_order else ""
+    detail = f", {found} of them in their own order" if args.keep_given_order else ""
     if args.subset_size is not None:
-        given += f", subsets of {args.subset_size} ({args.subset_order})"
-    print(f"{found} Selector records of {len(records)} -> {len(out)} records in {path}{given} "
+        detail += f", subsets of {args.subset_size} ({args.subset_order})"
+    print(f"{found} Selector records of {len(records)} -> {len(out)} records in {path}{detail} "
           f"(dataset {args.name!r})")
     return 0
 

@@ -81,10 +81,7 @@ def permuted(example: SelectorExample, order: Sequence[int]) -> dict[str, str]:
     if sorted(order) != list(range(len(example.candidates))):
         raise ValueError(f"order {list(order)} is not a permutation of "
                          f"{len(example.candidates)} candidates")
-    position = {old: new for new, old in enumerate(order)}
-    label = sorted(position[i] for i in example.label)
-    return selector_prompt(example.question, [example.candidates[i] for i in order]).alpaca(
-        format_selection(label))
+    return shown(example, order)
 
 
 SUBSET_ORDERS = ("ranked", "shuffled")
@@ -107,9 +104,9 @@ def shown(example: SelectorExample, order: Sequence[int]) -> dict[str, str]:
         raise ValueError(f"order {list(order)} does not name distinct candidates of "
                          f"{len(example.candidates)}")
     gold = set(example.label)
-    kept = SelectorExample(example.question, [example.candidates[i] for i in order],
-                           [j for j, i in enumerate(order) if i in gold])
-    return permuted(kept, range(len(order)))
+    label = [j for j, i in enumerate(order) if i in gold]  # ascending: the canonical form
+    return selector_prompt(example.question, [example.candidates[i] for i in order]).alpaca(
+        format_selection(label))
 
 
 def permuted_selector_records(records: Sequence[dict[str, str]], copies: int, seed: int,
@@ -145,7 +142,7 @@ def permuted_selector_records(records: Sequence[dict[str, str]], copies: int, se
             continue
         found += 1
         example = parse_selector_record(record, where=f"record {n}")
-        size = len(example.candidates)
+        size, gold = len(example.candidates), set(example.label)
         if keep_given_order:
             out.append(shown(example, range(min(size, subset_size or size))))
         for _ in range(copies):
@@ -154,7 +151,7 @@ def permuted_selector_records(records: Sequence[dict[str, str]], copies: int, se
                 rng.shuffle(order)
             else:  # redrawn until it holds a gold candidate, where the record has one
                 order = drawn_subset(size, subset_size, subset_order, rng)
-                while example.label and not set(example.label) & set(order):
+                while gold and not gold & set(order):
                     order = drawn_subset(size, subset_size, subset_order, rng)
             out.append(shown(example, order))
     return out, found
