@@ -238,6 +238,8 @@ def code_version(script: str) -> str:
     # the code a run depends on; the results the bench writes are not
     changed = git("status", "--porcelain", "--untracked-files=no", "--", "LLaMA-Factory",
                   "evaluate", script)
+    # a script not committed at all is not that commit's code either
+    changed = changed or git("status", "--porcelain", "--", script)
     return commit + ("+dirty" if changed else "")
 
 

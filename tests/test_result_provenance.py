@@ -220,6 +220,35 @@ def test_write_result_stamps_the_commit_where_none_is_named(tmp_path: Path,
         "1234567+dirty (bench/x.py)"
 
 
+def test_code_version_is_dirty_for_changed_or_uncommitted_code(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    import subprocess
+
+    def git(*argv: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *argv], cwd=tmp_path,
+                       check=True, capture_output=True)
+
+    (tmp_path / "LLaMA-Factory").mkdir()
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "LLaMA-Factory" / "lib.py").write_text("x = 1\n")
+    (tmp_path / "bench" / "old.py").write_text("")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, check=True,
+                            capture_output=True, text=True).stdout.strip()
+    monkeypatch.setattr(bench_runs, "ROOT", tmp_path)
+    assert bench_runs.code_version("bench/old.py") == commit
+    # a new script, never committed: not the commit's code
+    (tmp_path / "bench" / "new.py").write_text("")
+    assert bench_runs.code_version("bench/new.py") == f"{commit}+dirty"
+    assert bench_runs.code_version("bench/old.py") == commit  # other untracked files aside
+    # the library changed
+    (tmp_path / "LLaMA-Factory" / "lib.py").write_text("x = 2\n")
+    assert bench_runs.code_version("bench/old.py") == f"{commit}+dirty"
+
+
 def test_a_merged_result_is_stamped_anew() -> None:
     earlier = {"a": 1, "code": "1111111", "code_source": "git log of this file"}
     assert bench_runs.without_commit(earlier) == {"a": 1}
