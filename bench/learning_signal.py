@@ -78,6 +78,7 @@ from bench_runs import (
 )
 
 from mmoa.fileio import atomic_write_json
+from mmoa.metrics import SCORING_PROFILES
 
 AGENTS = ("qr", "selector", "generator")
 #: What this bench's JSON must hold to be reported or carried over, and what a finished
@@ -616,7 +617,7 @@ def main() -> None:
     parser.add_argument("--max-eval", dest="max_eval", type=int,
                         help="evaluate on the first N questions only")
     parser.add_argument("--k", type=int, default=5, help="candidates per question (as the demo)")
-    parser.add_argument("--scoring", choices=["mmoa", "squad", "hotpotqa"],
+    parser.add_argument("--scoring", choices=sorted(SCORING_PROFILES),
                         help="the evaluations' scoring profile (default: the evaluator's, mmoa; "
                         "hotpotqa on real HotpotQA files)")
     parser.add_argument("--baselines", nargs="*", default=[], metavar="rag:K",

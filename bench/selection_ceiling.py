@@ -52,6 +52,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_runs import fail, publish  # noqa: E402
 from selector_discrimination import (  # noqa: E402
     candidate_title,
+    candidates_parser,
+    check_candidates_args,
     marginal_selection,
     question_inputs,
     selection_summary,
@@ -61,6 +63,7 @@ from selector_discrimination import (  # noqa: E402
 
 from mmoa.data.support import GoldSupport  # noqa: E402
 from mmoa.fileio import read_jsonl  # noqa: E402
+from mmoa.metrics import DEFAULT_PROFILE, SCORING_PROFILES  # noqa: E402
 
 SCRIPT = "bench/selection_ceiling.py"
 #: The fixed rules, in the table's order.
@@ -165,7 +168,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     settings_of_eval = evaluation_settings(Path(args.predictions))
     max_new_tokens = args.max_new_tokens or int(settings_of_eval.get(
         "max_new_tokens_generator", MAX_NEW_TOKENS["generator"]))
-    scoring = args.scoring or settings_of_eval.get("scoring", "hotpotqa")
+    scoring = args.scoring or settings_of_eval.get("scoring", DEFAULT_PROFILE)
     batch_size = args.batch_size or int(settings_of_eval.get("batch_size", 16))
     rows = read_jsonl(args.predictions)
     if args.max_questions:
@@ -265,43 +268,29 @@ def table(result: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from mmoa.precision import PRECISION_CHOICES
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="the Generator's model folder")
-    parser.add_argument("--template", default="smollm2")
-    parser.add_argument("--predictions", required=True,
-                        help="an evaluation's predictions.jsonl (rag K = 5: its candidates)")
-    parser.add_argument("--corpus", required=True, help="the corpus.jsonl the server serves")
-    parser.add_argument("--data-file", dest="data_file", required=True,
-                        help="the evaluated data file (answers and gold supporting paragraphs)")
+    parser = candidates_parser(__doc__.split("\n\n")[0], "the Generator's model folder")
     parser.add_argument("--inclusion", action="append", default=[], metavar="RESULT@T",
                         help="a selector_discrimination.py result on the same candidates and a "
                              "threshold: adds that Selector's marginal rule (repeatable)")
-    parser.add_argument("--max-questions", dest="max_questions", type=int, default=None)
     parser.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=None,
                         help="the Generator's limit (default: the evaluation's)")
     parser.add_argument("--batch-size", dest="batch_size", type=int, default=None,
                         help="questions a generate call (default: the evaluation's)")
-    parser.add_argument("--scoring", choices=("demo", "hotpotqa"), default=None,
-                        help="the scoring profile (default: the evaluation's)")
-    parser.add_argument("--precision", choices=PRECISION_CHOICES, default="auto")
-    parser.add_argument("--use-cpu", dest="use_cpu", action="store_true")
-    parser.add_argument("--json-out", dest="json_out", default=None)
+    parser.add_argument("--scoring", choices=sorted(SCORING_PROFILES), default=None,
+                        help="the scoring profile (default: the evaluation's, else the "
+                             f"evaluator's, {DEFAULT_PROFILE})")
     args = parser.parse_args(argv)
-    for name in ("predictions", "corpus", "data_file"):
-        if not Path(getattr(args, name)).is_file():
-            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: no such file")
+    check_candidates_args(args)
     for spec in args.inclusion:
         try:
             path, _ = parse_inclusion(spec)
         except ValueError as err:
-            parser.error(str(err))
+            fail(str(err))
         if not path.is_file():
-            parser.error(f"--inclusion {spec}: no such file {path}")
-    for name in ("max_questions", "max_new_tokens", "batch_size"):
+            fail(f"--inclusion {spec}: no such file {path}")
+    for name in ("max_new_tokens", "batch_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+            fail(f"--{name.replace('_', '-')} must be at least 1")
     return args
 
 

@@ -393,31 +393,44 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def candidates_parser(description: str, model_help: str) -> argparse.ArgumentParser:
+    """The options of a bench over an evaluation's candidates (this one and
+    ``selection_ceiling.py``): the model, the predictions, the corpus and the data file they
+    came from, how many questions, the precision and where the JSON goes."""
     from mmoa.precision import PRECISION_CHOICES
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="the Selector's model folder")
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model", required=True, help=model_help)
     parser.add_argument("--template", default="smollm2")
     parser.add_argument("--predictions", required=True,
                         help="an evaluation's predictions.jsonl (qr_s_g or rag: its candidates)")
     parser.add_argument("--corpus", required=True, help="the corpus.jsonl the server serves")
     parser.add_argument("--data-file", dest="data_file", required=True,
-                        help="the evaluated data file (its gold supporting paragraphs)")
+                        help="the evaluated data file (answers, gold supporting paragraphs)")
     parser.add_argument("--max-questions", dest="max_questions", type=int, default=None)
-    parser.add_argument("--thresholds", type=float, nargs="+", default=list(THRESHOLDS),
-                        help="inclusion-probability thresholds of the marginal rule")
     parser.add_argument("--precision", choices=PRECISION_CHOICES, default="auto")
     parser.add_argument("--use-cpu", dest="use_cpu", action="store_true")
     parser.add_argument("--json-out", dest="json_out", default=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def check_candidates_args(args: argparse.Namespace) -> None:
+    """One-line errors for the inputs of :func:`candidates_parser` that are not there."""
     for name in ("predictions", "corpus", "data_file"):
         if not Path(getattr(args, name)).is_file():
             fail(f"--{name.replace('_', '-')} {getattr(args, name)}: no such file")
-    if any(not 0.0 < t <= 1.0 for t in args.thresholds):
-        fail("--thresholds must lie in (0, 1]")
     if args.max_questions is not None and args.max_questions < 1:
         fail("--max-questions must be at least 1")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = candidates_parser(__doc__.split("\n\n")[0], "the Selector's model folder")
+    parser.add_argument("--thresholds", type=float, nargs="+", default=list(THRESHOLDS),
+                        help="inclusion-probability thresholds of the marginal rule")
+    args = parser.parse_args(argv)
+    check_candidates_args(args)
+    if any(not 0.0 < t <= 1.0 for t in args.thresholds):
+        fail("--thresholds must lie in (0, 1]")
     return args
 
 
