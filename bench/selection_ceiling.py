@@ -38,7 +38,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -70,9 +70,6 @@ SCRIPT = "bench/selection_ceiling.py"
 RULES = ("all", "top1", "top2", "title", "gold")
 #: The rows the paired gains are taken over.
 REFERENCES = ("all", "top1")
-
-Rule = Callable[[str, Sequence[Any], Sequence[bool]], list[int]]
-
 
 def gold_rule(gold: Sequence[bool]) -> list[int]:
     """The oracle: the gold candidates in retrieval order, the top one where none is gold (an
@@ -121,9 +118,10 @@ def load_inclusion(path: Path) -> dict[str, list[float]]:
     """Question id -> inclusion probabilities, from a ``selector_discrimination.py`` result."""
     result = json.loads(path.read_text(encoding="utf-8"))
     rows = result.get("per_question")
-    if not isinstance(rows, list) or not rows or "inclusion" not in rows[0]:
-        raise ValueError(f"{path}: not a bench/selector_discrimination.py result with its "
-                         "per-question rows")
+    if not isinstance(rows, list) or not rows or not all(
+            isinstance(row, dict) and "inclusion" in row and "id" in row for row in rows):
+        raise ValueError("not a bench/selector_discrimination.py result with its per-question "
+                         "rows")
     return {row["id"]: row["inclusion"] for row in rows}
 
 
@@ -175,8 +173,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         rows = rows[:args.max_questions]
     records = {r.id: r for r in load_qa(args.data_file)}
     corpus = {str(d["id"]): d for d in read_jsonl(args.corpus)}
-    beliefs = [(f"marginal@{t:g}", load_inclusion(path), t)
-               for path, t in map(parse_inclusion, args.inclusion)]
+    beliefs: list[tuple[str, dict[str, list[float]], float]] = []
+    for path, threshold in map(parse_inclusion, args.inclusion):
+        try:
+            beliefs.append((f"marginal@{threshold:g}", load_inclusion(path), threshold))
+        except ValueError as err:  # a JSON error is one too
+            fail(f"--inclusion {path}: {err}")
 
     questions: list[dict[str, Any]] = []
     skipped = 0

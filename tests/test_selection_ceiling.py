@@ -119,7 +119,8 @@ def test_on_the_tiny_model_the_all_rule_reproduces_the_evaluation(
     assert "| gold |" in bench.table(result)
 
 
-def test_a_result_of_other_candidates_is_refused(tiny_world_dir: Path, tmp_path: Path) -> None:
+def test_a_result_of_other_candidates_or_no_result_is_refused(
+        tiny_world_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dev = [json.loads(line) for line in (tiny_world_dir / "dev.jsonl").open()][:1]
     predictions = tmp_path / "predictions.jsonl"
     predictions.write_text(json.dumps({
@@ -135,9 +136,12 @@ def test_a_result_of_other_candidates_is_refused(tiny_world_dir: Path, tmp_path:
         scoring=None, precision="fp32", use_cpu=True, json_out=None)
     with pytest.raises(SystemExit):
         bench.measure(args)
-    beliefs.write_text(json.dumps({"rules": {}}))
-    with pytest.raises(ValueError, match="not a bench/selector_discrimination"):
-        bench.measure(args)
+    assert "not in its result with these 2 candidates" in capsys.readouterr().err
+    for text in (json.dumps({"rules": {}}), "{not json"):
+        beliefs.write_text(text)
+        with pytest.raises(SystemExit):
+            bench.measure(args)
+        assert "--inclusion" in capsys.readouterr().err
 
 
 def test_missing_inputs_and_bad_options_are_one_line_errors(
