@@ -236,10 +236,8 @@ def code_version(script: str) -> str:
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     # the code a run depends on; the results the bench writes are not
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", "LLaMA-Factory",
-                  "evaluate", script)
-    # a script not committed at all is not that commit's code either
-    changed = changed or git("status", "--porcelain", "--", script)
+    # untracked files count: a module or script never committed is not that commit's code
+    changed = git("status", "--porcelain", "--", "LLaMA-Factory", "evaluate", script)
     return commit + ("+dirty" if changed else "")
 
 

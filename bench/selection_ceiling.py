@@ -233,16 +233,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "data_file": str(args.data_file), "precision": precision, "scoring": scoring,
         "max_new_tokens_generator": max_new_tokens, "batch_size": batch_size,
         "questions": len(out_rows), "skipped_without_gold": skipped,
-        "evaluation_f1": _evaluation_f1(Path(args.predictions), [q["id"] for q in questions]),
+        "evaluation_f1": _evaluation_f1(rows, [q["id"] for q in questions]),
         "rules": {rule: rule_figures(out_rows, rule) for rule in rule_names},
         "seconds": round(seconds, 1),
         "per_question": out_rows,
     }
 
 
-def _evaluation_f1(predictions: Path, ids: Sequence[str]) -> float | None:
-    """The evaluation's own mean F1 over ``ids`` (what ``all`` should reproduce)."""
-    by_id = {row["id"]: row for row in read_jsonl(predictions)}
+def _evaluation_f1(rows: Sequence[dict[str, Any]], ids: Sequence[str]) -> float | None:
+    """The evaluation's own mean F1 over ``ids`` (what ``all`` should reproduce), from its
+    prediction rows."""
+    by_id = {row["id"]: row for row in rows}
     scores = [by_id[i].get("scores", {}).get("f1") for i in ids]
     if any(s is None for s in scores):
         return None

@@ -244,6 +244,10 @@ def test_code_version_is_dirty_for_changed_or_uncommitted_code(tmp_path: Path,
     (tmp_path / "bench" / "new.py").write_text("")
     assert bench_runs.code_version("bench/new.py") == f"{commit}+dirty"
     assert bench_runs.code_version("bench/old.py") == commit  # other untracked files aside
+    # a library module never committed
+    (tmp_path / "LLaMA-Factory" / "new_module.py").write_text("")
+    assert bench_runs.code_version("bench/old.py") == f"{commit}+dirty"
+    (tmp_path / "LLaMA-Factory" / "new_module.py").unlink()
     # the library changed
     (tmp_path / "LLaMA-Factory" / "lib.py").write_text("x = 2\n")
     assert bench_runs.code_version("bench/old.py") == f"{commit}+dirty"
