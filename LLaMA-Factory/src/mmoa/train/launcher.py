@@ -11,7 +11,9 @@ Only the stage is read here, with the same OmegaConf semantics LLaMA-Factory use
 Before either runs, :func:`mmoa.preflight.check_train_config` checks that the model folder and
 the datasets exist, so a missing one is a two-line message naming the command that makes it,
 not a hub-lookup traceback from deep inside transformers. A MAPPO run under DeepSpeed first
-clears build locks that an interrupted op build left (:mod:`mmoa.train.extension_locks`).
+clears build locks that an interrupted op build left (:mod:`mmoa.train.extension_locks`). A run
+that would start from step 0 beside an earlier run's checkpoints says so and names the override
+that continues it (:mod:`mmoa.train.restart_check`).
 """
 
 from __future__ import annotations
@@ -59,10 +61,12 @@ def run_train(argv: Sequence[str]) -> int:
     if stage == MAPPO_STAGE and _wants_torchrun():
         return _relaunch_with_torchrun(argv)
     from mmoa.precision import train_config_warning, training_on_gpu
+    from mmoa.train.restart_check import restart_warning
 
-    warning = train_config_warning(config, training_on_gpu(config))
-    if warning is not None and os.environ.get("LOCAL_RANK", "0") == "0":  # once, not per rank
-        print(f"[{stage}] warning: {warning}", file=sys.stderr, flush=True)
+    warnings = (train_config_warning(config, training_on_gpu(config)), restart_warning(config))
+    for warning in warnings:
+        if warning is not None and os.environ.get("LOCAL_RANK", "0") == "0":  # once, not per rank
+            print(f"[{stage}] warning: {warning}", file=sys.stderr, flush=True)
     from mmoa.console import routed_library_logs
 
     with routed_library_logs(config.get("output_dir")):
