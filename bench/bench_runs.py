@@ -33,6 +33,7 @@ from mmoa.evaluation import paired_gain as paired_gain  # the benches import the
 from mmoa.evaluation import per_question_f1 as per_question_f1
 from mmoa.fileio import atomic_write_json
 from mmoa.precision import PRECISION_CHOICES
+from mmoa.train.restart_check import newest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "result.json"
@@ -173,18 +174,11 @@ def train(config: str, overrides: list[str], log: Path) -> None:
     run_logged(mmoa_cli("train", config, *overrides), log)
 
 
-def last_checkpoint(output_dir: Path) -> Path | None:
-    """The ``checkpoint-N`` folder with the largest N, or None."""
-    checkpoints = [p for p in output_dir.glob("checkpoint-*") if p.is_dir()
-                   and p.name.split("-")[-1].isdigit()]
-    return max(checkpoints, key=lambda p: int(p.name.split("-")[-1])) if checkpoints else None
-
-
 def resume_overrides(output_dir: Path) -> list[str]:
     """The overrides that resume a training cut before its end from ``output_dir``'s last
     checkpoint (``[]`` where it has none): a run longer than a session then spans sessions.
     A config that saves no checkpoints (``save_strategy: "no"``) restarts from scratch."""
-    checkpoint = last_checkpoint(output_dir)
+    checkpoint = newest_checkpoint(output_dir)
     if checkpoint is None:
         return []
     print(f"[{output_dir}] resuming from {checkpoint.name}", flush=True)

@@ -51,14 +51,6 @@ def test_training_series_is_each_key_at_every_rl_step(runs, tmp_path: Path) -> N
     assert runs.training_series(tmp_path / "missing", ("reward",)) == {}
 
 
-def test_last_checkpoint_is_the_highest_step(runs, tmp_path: Path) -> None:
-    assert runs.last_checkpoint(tmp_path) is None
-    for name in ("checkpoint-3", "checkpoint-12", "checkpoint-9", "checkpoint-x"):
-        (tmp_path / name).mkdir()
-    (tmp_path / "checkpoint-20").write_text("a file, not a checkpoint")
-    assert runs.last_checkpoint(tmp_path) == tmp_path / "checkpoint-12"
-
-
 def test_a_finished_stage_is_read_back_not_run_again(runs, tmp_path: Path) -> None:
     calls = []
 
