@@ -26,7 +26,9 @@ Resumable: each evaluated step is kept in ``<work-dir>/step-<N>/point.json`` wit
 the weights it evaluated, and a rerun evaluates only what is new (a step whose model's weights
 changed, a run trained again into the same folder, is evaluated again). A work folder holds one
 curve: a rerun with another run, dev file, ``--max-eval``, K, scoring, model or precision is
-refused (give another ``--work-dir``). ``--follow`` polls the run folder for new checkpoints
+refused (give another ``--work-dir``). ``--every N`` evaluates step 0, the final model and the
+checkpoints whose step is a multiple of N only, a coarse curve that a later run without it (or
+with a smaller N) fills in. ``--follow`` polls the run folder for new checkpoints
 until the run's final model is written (its ``trainer_state.json``, the last file a finished run
 writes), evaluates that too and stops.
 
@@ -126,6 +128,18 @@ def model_points(run_dir: Path, warm_start: Path | None) -> tuple[list[ModelPoin
     if final is not None and final.step not in {p.step for p in points}:
         points.append(final)
     return sorted(points, key=lambda p: p.step), final is not None
+
+
+def thinned(points: list[ModelPoint], complete: bool, every: int | None) -> list[ModelPoint]:
+    """The points a coarse curve evaluates: step 0, the final model (its own point or, where
+    the run is complete, its last checkpoint) and the steps that are multiples of ``every``
+    (all of them without it). A later run with a smaller ``every`` (or none) fills in the
+    steps between, keeping what was evaluated."""
+    if not every:
+        return points
+    last = points[-1].step if complete and points else None
+    return [p for p in points
+            if p.step % every == 0 or p.source != "checkpoint" or p.step == last]
 
 
 def best_step(points: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -349,6 +363,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json-out", dest="json_out",
                         help="the JSON (default <work-dir>/dev_curve.json)")
     parser.add_argument("--plot", help="the PNG (default: the JSON's path, .png)")
+    parser.add_argument("--every", type=int,
+                        help="evaluate only the checkpoints whose step is a multiple of N (and "
+                             "step 0 and the final model): a coarse curve first, filled in by a "
+                             "later run without it (default: every checkpoint)")
     parser.add_argument("--follow", action="store_true",
                         help="keep polling for new checkpoints until the run's final model is "
                              "written, then evaluate it and stop")
@@ -375,6 +393,8 @@ def resolve(args: argparse.Namespace) -> None:
         fail(f"--warm-start {args.warm_start}: no such folder")
     if args.max_eval is not None and args.max_eval < 1:
         fail(f"--max-eval {args.max_eval}: give a number of questions >= 1")
+    if args.every is not None and args.every < 1:
+        fail(f"--every {args.every}: give a number of steps >= 1")
     if args.poll_seconds <= 0:
         fail(f"--poll-seconds {args.poll_seconds}: give a positive number of seconds")
     args.work_dir = args.work_dir or f"{args.run_dir.rstrip('/')}-dev_curve"
@@ -390,6 +410,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     run_dir = Path(args.run_dir)
     warm = Path(args.warm_start) if args.warm_start else None
     points, complete = model_points(run_dir, warm)
+    points = thinned(points, complete, args.every)
     if not args.follow and not any(p.source != "warm_start" for p in points):
         fail(f"--run-dir {run_dir}: no checkpoint-N folder and no final model in it (trained "
              "with a save_total_limit that kept none? --follow waits for them)")
@@ -430,6 +451,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               flush=True)
         time.sleep(args.poll_seconds)
         points, complete = model_points(run_dir, warm)
+        points = thinned(points, complete, args.every)
     result["evaluated_this_invocation"] = evaluated
     return result
 

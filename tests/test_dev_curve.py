@@ -262,3 +262,55 @@ def test_lora_checkpoints_without_the_warm_start_are_refused(bench, tmp_path: Pa
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "LoRA adapters" in err and "--warm-start" in err
     assert not (tmp_path / "work").exists()
+
+
+def test_every_evaluates_a_coarse_curve_then_fills_it_in(
+        bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Checkpoints 1-6, the final model at step 6 (its checkpoint): ``--every 4`` evaluates
+    steps 0, 4 and 6 (the final one), ``--every 2`` then step 2 only, no ``--every`` the rest;
+    nothing is evaluated twice and the curve holds every step."""
+    run, warm = tmp_path / "run", _folder(tmp_path / "warm", b"0")
+    for step in range(1, 7):
+        _folder(run / f"checkpoint-{step}", str(step).encode())
+    _final(run, 6)
+    (tmp_path / "dev.jsonl").write_text("{}\n")
+    evaluated: list[int] = []
+
+    def fake_evaluate(model: Path, args: Any, out: Path, base: Any = None) -> dict[str, Any]:
+        step = int((model / "model.safetensors").read_text())
+        evaluated.append(step)
+        out.mkdir(parents=True)
+        (out / "predictions.jsonl").write_text(
+            json.dumps({"id": "q1", "scores": {"f1": step / 10}}) + "\n")
+        return {"f1": step / 10, "f1_se": 0.0, "em": 0.0, "acc": 0.0, "num_questions": 1,
+                "agents": {}}
+
+    monkeypatch.setattr(bench.learning_signal, "evaluate", fake_evaluate)
+    argv = ["--run-dir", str(run), "--eval-file", str(tmp_path / "dev.jsonl"),
+            "--warm-start", str(warm), "--work-dir", str(tmp_path / "work"),
+            "--precision", "fp32"]
+    steps_on_curve = []
+    for every, expected in ((["--every", "4"], [0, 4, 6]), (["--every", "2"], [2]),
+                            ([], [1, 3, 5])):
+        evaluated.clear()
+        bench.main([*argv, *every])
+        assert evaluated == expected
+        result = json.loads((tmp_path / "work" / "dev_curve.json").read_text())
+        steps_on_curve.append([p["step"] for p in result["points"]])
+    assert steps_on_curve == [[0, 4, 6], [0, 2, 4, 6], [0, 1, 2, 3, 4, 5, 6]]
+    assert result["best"]["step"] == 6 and result["final_model_evaluated"]
+    with pytest.raises(SystemExit) as stop:
+        bench.main([*argv, "--every", "0"])
+    assert stop.value.code == 2 and "--every 0" in capsys.readouterr().err
+
+
+def test_thinned_keeps_step_0_the_final_model_and_the_multiples(bench, tmp_path: Path) -> None:
+    def point(step: int, source: str = "checkpoint"):
+        return bench.ModelPoint(step, source, tmp_path)
+
+    points = [point(0, "warm_start"), *(point(s) for s in (3, 6, 9, 12, 13))]
+    assert [p.step for p in bench.thinned(points, False, 6)] == [0, 6, 12]
+    assert [p.step for p in bench.thinned(points, True, 6)] == [0, 6, 12, 13]  # 13: the last
+    assert [p.step for p in bench.thinned([*points[:-1], point(14, "final")], False, 6)] == [
+        0, 6, 12, 14]
+    assert bench.thinned(points, True, None) == points
