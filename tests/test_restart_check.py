@@ -26,6 +26,21 @@ def test_newest_checkpoint_is_the_largest_step_not_the_last_name(tmp_path: Path)
     assert newest_checkpoint(tmp_path / "checkpoint-9") is None  # no checkpoints inside
 
 
+def test_newest_checkpoint_holding_a_file_skips_incomplete_ones(tmp_path: Path) -> None:
+    """The web UI's "complete" MAPPO checkpoint: the newest one holding its manifest."""
+    from mmoa.train.mappo.checkpoint_files import MANIFEST_FILE
+    from mmoa.webui.run_status import latest_checkpoint
+
+    _checkpoints(tmp_path, "checkpoint-4", "checkpoint-8", "checkpoint-12")
+    for name in ("checkpoint-4", "checkpoint-8"):
+        (tmp_path / name / MANIFEST_FILE).write_text("{}")
+    assert newest_checkpoint(tmp_path) == tmp_path / "checkpoint-12"
+    assert newest_checkpoint(tmp_path, holding=MANIFEST_FILE) == tmp_path / "checkpoint-8"
+    assert latest_checkpoint(tmp_path) == (tmp_path / "checkpoint-8", 8)
+    assert latest_checkpoint(tmp_path / "missing") is None
+    assert newest_checkpoint(tmp_path, holding="absent.json") is None
+
+
 def test_the_warning_names_the_newest_checkpoint_and_the_override(tmp_path: Path) -> None:
     out = tmp_path / "sft"
     _checkpoints(out, "checkpoint-110", "checkpoint-120")

@@ -19,13 +19,16 @@ from mmoa.config_values import reads_as_true
 from mmoa.train.mappo.checkpoint_files import checkpoint_step
 
 
-def newest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The ``checkpoint-N`` folder of ``output_dir`` with the largest N, or None."""
+def newest_checkpoint(output_dir: str | Path, holding: str | None = None) -> Path | None:
+    """The ``checkpoint-N`` folder of ``output_dir`` with the largest N, or None; with
+    ``holding``, the largest N among those holding that file (a MAPPO checkpoint is complete
+    once its manifest, written last, is there)."""
     folder = Path(output_dir)
     if not folder.is_dir():
         return None
     steps = [(step, child) for child in folder.iterdir()
-             if child.is_dir() and (step := checkpoint_step(child)) is not None]
+             if child.is_dir() and (step := checkpoint_step(child)) is not None
+             and (holding is None or (child / holding).is_file())]
     return max(steps)[1] if steps else None
 
 

@@ -93,17 +93,14 @@ def latest_checkpoint(output_path: str | Path) -> tuple[Path, int] | None:
     """The newest complete ``checkpoint-N`` in the folder (one with its manifest, written
     last) and its step."""
     from mmoa.train.mappo.checkpoint_files import MANIFEST_FILE, checkpoint_step
+    from mmoa.train.restart_check import newest_checkpoint
 
-    best: tuple[Path, int] | None = None
-    folder = Path(output_path)
-    if not folder.is_dir():
+    newest = newest_checkpoint(output_path, holding=MANIFEST_FILE)
+    if newest is None:
         return None
-    for child in folder.iterdir():
-        step = checkpoint_step(child)
-        if step is not None and (child / MANIFEST_FILE).is_file() \
-                and (best is None or step > best[1]):
-            best = (child, step)
-    return best
+    step = checkpoint_step(newest)
+    assert step is not None
+    return newest, step
 
 
 def final_status(output_path: str | Path, return_code: int | None, aborted: bool) -> str | None:
