@@ -410,10 +410,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     run_dir = Path(args.run_dir)
     warm = Path(args.warm_start) if args.warm_start else None
     points, complete = model_points(run_dir, warm)
-    points = thinned(points, complete, args.every)
     if not args.follow and not any(p.source != "warm_start" for p in points):
         fail(f"--run-dir {run_dir}: no checkpoint-N folder and no final model in it (trained "
              "with a save_total_limit that kept none? --follow waits for them)")
+    points = thinned(points, complete, args.every)
     for point in points:  # LoRA adapters without the model they were trained from
         try:
             model_arguments(point.path, args.warm_start)

@@ -302,6 +302,14 @@ def test_every_evaluates_a_coarse_curve_then_fills_it_in(
     with pytest.raises(SystemExit) as stop:
         bench.main([*argv, "--every", "0"])
     assert stop.value.code == 2 and "--every 0" in capsys.readouterr().err
+    # a run whose only checkpoint is no multiple of N is a run, not an empty folder
+    short = tmp_path / "short"
+    _folder(short / "checkpoint-3", b"3")
+    evaluated.clear()
+    bench.main(["--run-dir", str(short), "--eval-file", str(tmp_path / "dev.jsonl"),
+                "--warm-start", str(warm), "--work-dir", str(tmp_path / "short_work"),
+                "--precision", "fp32", "--every", "4"])
+    assert evaluated == [0]
 
 
 def test_thinned_keeps_step_0_the_final_model_and_the_multiples(bench, tmp_path: Path) -> None:
