@@ -30,12 +30,16 @@ import run_check  # noqa: E402
 #: The dry run in CI leaves out, for time, the stages that are a kept stage's command with
 #: another mode or config (each stage costs a process start and library imports, 10-20 s):
 #: the four evaluation modes that only switch agents off (g, s_g, qr_g, rag: the qr_s_g path
-#: with fewer calls, covered by the pipeline's own tests) and GRPO (run_mappo.sh as for PPO, with
-#: the demo's GRPO config, which tests/test_grpo.py checks is the PPO config plus the GRPO keys;
-#: GRPO training runs in tests/test_grpo_integration.py and under ZeRO-3 in
-#: tests/test_mappo_deepspeed.py). test_the_left_out_stages_are_kept_stages_commands checks
-#: that they are.
-LEFT_OUT = ("eval_g", "eval_s_g", "eval_qr_g", "eval_rag", "mappo_grpo")
+#: with fewer calls, covered by the pipeline's own tests), the search and decision agents'
+#: evaluations (the qr_s_g command with the agent's model and options; ``evaluate --mode
+#: search_agent`` / ``decision_agent`` run on trained agents in
+#: tests/test_search_agent_integration.py and tests/test_decision_agent_integration.py) and
+#: GRPO (run_mappo.sh as for PPO, with the demo's GRPO config, which tests/test_grpo.py checks is
+#: the PPO config plus the GRPO keys; GRPO training runs in tests/test_grpo_integration.py and
+#: under ZeRO-3 in tests/test_mappo_deepspeed.py). test_the_left_out_stages_are_kept_stages_commands
+#: checks that they are.
+LEFT_OUT = ("eval_g", "eval_s_g", "eval_qr_g", "eval_rag", "eval_search_agent",
+            "eval_decision_agent", "mappo_grpo")
 #: The 8B recipes at their real shape run in the same dry run as miniatures (Llama-3-8B's only:
 #: Qwen2.5-7B's stages are the same code with another config, checked by
 #: tests/test_gpu_recipe_shapes.py), sharing its world, index and server.
@@ -81,6 +85,20 @@ def test_the_left_out_stages_are_kept_stages_commands(tmp_path: Path) -> None:
             at = expected.index("--k")
             del expected[at:at + 2]
         assert left == expected, mode
+    # the agents' evaluations: the same script, data, server and output layout, with the
+    # agent's own model (the SFT model while it has none, said in the note) and options
+    for mode, options in (("search_agent", run.scale.eval_search),
+                          ("decision_agent", run.scale.eval_decision)):
+        cmd, note = stages[f"eval_{mode}"].command(run)
+        assert f"no {mode} model: the SFT model" in note and str(cmd[3]) == str(run.saves("sft"))
+        run.saves(mode).mkdir(parents=True)
+        (run.saves(mode) / "config.json").write_text("{}")  # the agent's training finished
+        left = command(f"eval_{mode}")
+        assert left[:3] == kept[:3] and left[3] == str(run.saves(mode))
+        at = left.index("--mode")
+        assert left[at + 1] == mode and left[at + 2:at + 10] == kept[at + 2:at + 10]
+        assert left[at + 10:] == [*map(str, options), "--output_dir",
+                                  str(tmp_path / "eval" / mode)]
     ppo, grpo = command("mappo_ppo"), command("mappo_grpo")
     assert grpo[:2] == ppo[:2] == ["bash", "LLaMA-Factory/run_mappo.sh"]
     assert ppo[2].endswith("tiny_full_mappo.yaml") and grpo[2].endswith("tiny_full_grpo.yaml")
@@ -303,11 +321,9 @@ def test_dry_run_runs_every_stage_on_the_cpu(dry_run: dict) -> None:
         assert stages[name]["details"]["model_written"], name
     for name in ("sft", "mappo_ppo", "search_agent", "decision_agent"):
         assert stages[name]["device_lines"] == ["cpu"], name  # the trainer's device line
-    for mode in ("qr_s_g", "search_agent", "decision_agent"):
-        metrics = stages[f"eval_{mode}"]["details"]["metrics"]
-        assert metrics["num_questions"] == 2 and 0.0 <= metrics["f1"] <= 1.0
-    assert stages["eval_search_agent"]["command"][3].endswith("saves/search_agent")
-    assert stages["eval_decision_agent"]["command"][3].endswith("saves/decision_agent")
+    metrics = stages["eval_qr_s_g"]["details"]["metrics"]
+    assert metrics["num_questions"] == 2 and 0.0 <= metrics["f1"] <= 1.0
+    assert stages["eval_qr_s_g"]["command"][3].endswith("saves/sft")
     # every Python process of a stage left its probe record; on the CPU none touched CUDA
     for name in DRY_STAGES:
         processes = stages[name]["processes"]
