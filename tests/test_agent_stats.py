@@ -287,7 +287,9 @@ def test_the_trainer_log_lines_carry_the_per_agent_keys(tmp_path: Path) -> None:
         state.global_step = step
         state.log_history.append({"loss": 0.5, "reward": 0.3, "num_selected": selected,
                                   "kl/selector": 0.01 * step, "time/step": 9.0, "step": step,
-                                  "answer_f1": 0.25 * step, "value_loss": 0.1})
+                                  "answer_f1": 0.25 * step, "value_loss": 0.1,
+                                  "selection_reward/selector": 0.2 * step,
+                                  "cf_beat/qr": 0.125 * step, "cf_gain/qr": 0.01})
         callback.on_log(args, state, None)
     callback.on_train_end(args, state, None)
     lines = [json.loads(line) for line in (tmp_path / "trainer_log.jsonl").read_text()
@@ -296,3 +298,7 @@ def test_the_trainer_log_lines_carry_the_per_agent_keys(tmp_path: Path) -> None:
             for e in lines] == [(1, 4.9, 0.01, 0.25), (2, 1.0, 0.02, 0.5)]
     assert all(e["value_loss"] == 0.1 for e in lines)
     assert all("time/step" not in e and e["loss"] == 0.5 for e in lines)
+    # the agents' credit (the credit panel's keys) too, while the run trains
+    assert [(e["selection_reward/selector"], e["cf_beat/qr"]) for e in lines] == [
+        (0.2, 0.125), (0.4, 0.25)]
+    assert all("cf_gain/qr" not in e for e in lines)  # no panel draws it

@@ -81,3 +81,32 @@ def test_the_web_ui_per_agent_figure_has_the_agent_panels() -> None:
     selector = figure.axes[0]
     assert list(selector.lines[0].get_ydata()) == [4.9, 4.9, 3.5, 2.0, 1.0, 1.0]
     assert selector.get_ylim()[0] == 0.0, "a fall to one document is drawn from 0"
+
+
+def test_the_credit_panel_draws_the_bonus_and_the_share_beating_the_default() -> None:
+    """The Selector's selection bonus on the left axis, the share of traces whose output beat
+    its counterfactual default on the right (from 0 to 1); a run that logs neither draws an
+    empty panel, not an error."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mmoa.train.plots import AGENT_PANELS, draw_agent_panels
+
+    panel = next(p for p in AGENT_PANELS if p.title == "credit per agent")
+    entries = [{"step": step, "selection_reward/selector": bonus, "cf_beat/selector": beat}
+               for step, bonus, beat in ((1, 0.24, 0.25), (2, 0.31, 0.5))]
+    fig, (ax, empty) = plt.subplots(1, 2)
+    try:
+        draw_agent_panels([ax], entries, "step", panels=[panel])
+        assert [list(line.get_ydata()) for line in ax.lines] == [[0.24, 0.31]]
+        right = next(other for other in fig.axes if other not in (ax, empty)
+                     and other.bbox.bounds == ax.bbox.bounds)
+        assert [list(line.get_ydata()) for line in right.lines] == [[0.25, 0.5]]
+        assert right.get_ylim() == (0.0, 1.05)
+        assert [line.get_label() for line in ax.lines + right.lines] == [
+            "selector gold bonus", "selector beats its default"]
+        draw_agent_panels([empty], [], "step", panels=[panel])
+        assert not empty.lines
+    finally:
+        plt.close(fig)

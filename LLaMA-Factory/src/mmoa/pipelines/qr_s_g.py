@@ -65,11 +65,6 @@ def penalty_config(args: MappoArguments) -> PenaltyConfig:
     )
 
 
-#: The log name of each agent's gold-passage bonus (``retrieval_reward/qr``,
-#: ``selection_reward/selector``).
-BONUS_LOG_NAMES: dict[str, str] = {"qr": "retrieval_reward", "selector": "selection_reward"}
-
-
 def gold_bonuses(record: QARecord, trace: Trace, args: MappoArguments) -> dict[str, float]:
     """``agent -> bonus`` of the trace from the record's gold passages, for every optimised
     agent whose bonus is on: the Query Rewriter's retrieval reward
@@ -205,7 +200,11 @@ class QrSGPipeline:
         with its group advantage."""
         import numpy as np
 
-        from mmoa.train.mappo.agent_stats import counterfactual_stats, step_agent_stats
+        from mmoa.train.mappo.agent_stats import (
+            BONUS_LOG_NAMES,
+            counterfactual_stats,
+            step_agent_stats,
+        )
         from mmoa.train.mappo.grpo import OverlongShaping, PipelineOutcome, group_samples
         from mmoa.train.mappo.rewards import compute_agent_rewards
         from mmoa.train.mappo.samples import Sample

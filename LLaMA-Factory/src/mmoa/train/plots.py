@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mmoa.train.mappo.agent_stats import BONUS_LOG_NAMES
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
@@ -51,6 +53,20 @@ def _per_agent(stat: str) -> tuple[Curve, ...]:
     return tuple(Curve(f"{stat}/{agent}", agent, colour) for agent, colour in _AGENT_COLOURS)
 
 
+def _credit_curves() -> tuple[Curve, ...]:
+    """The agents' own credit: the gold-passage bonus of the Query Rewriter and the Selector
+    (``mappo_qr_retrieval_reward`` / ``mappo_selector_selection_reward``, before its weight),
+    and the share of traces whose output beat its counterfactual default
+    (``mappo_counterfactual_agents``): whether the signal meant to teach an agent a
+    per-question choice reaches it, step by step, beside what it does to that agent's
+    statistics in the panels above. A key a run does not log draws nothing."""
+    colours = dict(_AGENT_COLOURS)
+    return (*(Curve(f"{name}/{agent}", f"{agent} gold bonus", colours[agent])
+              for agent, name in BONUS_LOG_NAMES.items()),
+            *(Curve(f"cf_beat/{agent}", f"{agent} beats its default", colours[agent], True)
+              for agent in BONUS_LOG_NAMES))
+
+
 #: The per-agent figure, panel by panel: each agent's own statistics (a count on the left axis
 #: from 0, its gold recall on a right-hand axis from 0 to 1), then the statistics every agent has.
 AGENT_PANELS: tuple[Panel, ...] = (
@@ -66,6 +82,7 @@ AGENT_PANELS: tuple[Panel, ...] = (
     Panel("Generator", (Curve("answer_words", "answer words", "#2ca02c"),), "words",
           from_zero=True),
     Panel("reward per agent", _per_agent("reward"), "reward"),
+    Panel("credit per agent", _credit_curves(), "bonus", "share beating its default"),
     Panel("KL to the warm start per token", _per_agent("kl"), "KL"),
     Panel("entropy per token", _per_agent("entropy"), "entropy"),
     Panel("penalty rate", _per_agent("penalty_rate"), "fraction penalised", from_zero=True),
