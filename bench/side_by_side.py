@@ -322,18 +322,25 @@ class SideBySide:
         self.work = Path(args.work_dir).resolve()
         self.json_path = Path(args.json_out or self.work / "side_by_side.json").resolve()
         self.common, self.per_method = split_overrides(args.overrides)
+        for item in [*self.common, *(o for given in self.per_method.values() for o in given)]:
+            if item.partition("=")[0] == "mappo_top_k":  # one K for data, rollouts, evaluation
+                raise SystemExit(f"override {item!r}: give the candidates with --k, which "
+                                 "sets the SFT data's, the rollouts' and the evaluations' K")
         self.configs = CONFIGS[args.model]
         self.template = TEMPLATES[args.model]
         self.base_model = str(Path(args.base_model or ROOT / learning_signal.MODELS[
             args.model][0]).resolve())
         self.eval_file = args.dev_file if args.eval_split == "dev" else args.test_file
         self.scoring = SCORING_PROFILES[args.scoring]
-        self.k = int(config_value(self.configs["mappo"], "mappo_top_k"))
+        config_k = int(config_value(self.configs["mappo"], "mappo_top_k"))
+        self.k = config_k if args.k is None else args.k
         self.table = {"model": args.model, "base_model": self.base_model,
                       "train_file": args.train_file, "dev_file": args.dev_file,
                       "test_file": args.test_file, "eval_split": args.eval_split,
                       "eval_file": self.eval_file, "scoring": args.scoring,
                       "max_eval": args.max_eval}
+        if self.k != config_k:  # the config's K keeps the keys of tables run before --k
+            self.table["k"] = self.k
         sources = [args.train_file, args.label_source, self.k]
         if args.rewrites_file:  # kept out of the digest where absent: old folders stay valid
             sources.append(file_digest(Path(args.rewrites_file)))
@@ -786,7 +793,8 @@ def _caption(result: dict[str, Any]) -> str:
     table = result["table"]
     return (f"model {table['model']}, {table['eval_split']} split "
             f"{Path(table['eval_file']).name}"
-            f" ({_num_questions(result)} questions), scoring {table['scoring']}")
+            f" ({_num_questions(result)} questions), scoring {table['scoring']}"
+            + (f", K = {table['k']} candidates" if "k" in table else ""))
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -926,6 +934,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the Selector's candidates in its SFT records: shuffled (MMOA-RAG, "
                              "default) or ranked (the order the pipeline shows it: mmoa-cli data "
                              "sft --candidate_order)")
+    parser.add_argument("--k", type=int, choices=range(1, 101), metavar="K",
+                        help="candidates a question of the three-agent rows: the Selector's SFT "
+                             "records and labels, the MAPPO / GRPO rollouts and the evaluations "
+                             "(rag K = 1 stays 1; default: the MAPPO config's mappo_top_k, 5)")
     parser.add_argument("--index", help="the index folder the server serves (the HARR row "
                                         "needs it; demo: data/demo/index)")
     parser.add_argument("--rewrites-file", dest="rewrites_file",

@@ -239,3 +239,36 @@ def test_the_qr_labels_are_in_the_warm_starts_key(sbs, tmp_path):
     one, two = bench("[]"), bench('[{"source": "q", "target": "a; b"}]')
     for name in ("sft", "sft_rag", "mappo"):
         assert one.key(name) != two.key(name), name
+
+
+def test_another_k_is_another_table_with_its_own_warm_start(sbs, tmp_path):
+    """``--k 10``: its own SFT data (records and labels of ten candidates), so its own warm
+    start and a key for every row; the rollouts and the evaluations read the same K; the
+    config's K given as ``--k`` keeps the keys of the tables run without it; a
+    ``mappo_top_k`` override, which would move the rollouts' K alone, is refused."""
+    def bench(*extra: str):
+        args = sbs.build_parser().parse_args(["--model", "tiny", "--scoring", "demo",
+                                              "--train-file", "train.json",
+                                              "--work-dir", str(tmp_path), *extra])
+        args.precision, args.train_precision = "fp32", ["bf16=false"]
+        return sbs.SideBySide(args)
+
+    default, five, ten = bench(), bench("--k", "5"), bench("--k", "10")
+    assert default.k == five.k == 5 and ten.k == 10
+    for name in sbs.METHODS:
+        assert five.key(name) == default.key(name), name
+        assert ten.key(name) != default.key(name), name
+    assert five.data_dir == default.data_dir != ten.data_dir
+    assert ten.data_dir.name == f"data-{sbs.digest(['train.json', ten.args.label_source, 10])}"
+    assert ten.three_agent().k == 10  # train_rl's mappo_top_k and the evaluations' --k
+    assert ten.table["k"] == 10 and "k" not in default.table
+    def caption(table: dict[str, Any]) -> str:
+        return sbs._caption({"table": {**table, "eval_file": "test.json"}, "rows": {}})
+
+    assert caption(ten.table).endswith(", K = 10 candidates")
+    assert "K = " not in caption(default.table)
+    for override in ("mappo_top_k=10", "mappo.mappo_top_k=10"):
+        with pytest.raises(SystemExit, match="give the candidates with --k"):
+            bench(override)
+    with pytest.raises(SystemExit):
+        bench("--k", "0")
