@@ -55,7 +55,7 @@ def _per_agent(stat: str) -> tuple[Curve, ...]:
 
 def _credit_curves() -> tuple[Curve, ...]:
     """The agents' own credit: the gold-passage bonus of the Query Rewriter and the Selector
-    (``mappo_qr_retrieval_reward`` / ``mappo_selector_selection_reward``, before its weight),
+    (``mappo_qr_retrieval_reward`` / ``mappo_selector_selection_reward``, weight included),
     and the share of traces whose output beat its counterfactual default
     (``mappo_counterfactual_agents``): whether the signal meant to teach an agent a
     per-question choice reaches it, step by step, beside what it does to that agent's

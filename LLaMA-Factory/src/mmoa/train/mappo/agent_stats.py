@@ -50,8 +50,8 @@ if TYPE_CHECKING:
 #: The per-step flag count the monitor adds to the logs.
 DRIFT_FLAGS_KEY = "drift_flags"
 #: The log name of each agent's gold-passage bonus (``retrieval_reward/qr``,
-#: ``selection_reward/selector``: the mean bonus of the step's traces, before its weight is
-#: part of the agent's ``reward/<agent>``).
+#: ``selection_reward/selector``: the step's mean bonus, weight included, the part of the
+#: agent's ``reward/<agent>`` that comes from the gold passages).
 BONUS_LOG_NAMES: dict[str, str] = {"qr": "retrieval_reward", "selector": "selection_reward"}
 
 
