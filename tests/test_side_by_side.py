@@ -207,15 +207,20 @@ def test_only_the_seeded_rows_depend_on_the_seed(sbs, tmp_path):
             assert (one.training_folder(name) == two.training_folder(name)) is same, name
 
 
+def _tiny_table(sbs, tmp_path: Path, *extra: str):
+    """A table of the tiny model on ``train.json`` in ``tmp_path`` (nothing is run), fp32."""
+    args = sbs.build_parser().parse_args(["--model", "tiny", "--scoring", "demo",
+                                          "--train-file", "train.json",
+                                          "--work-dir", str(tmp_path), *extra])
+    args.precision, args.train_precision = "fp32", ["bf16=false"]
+    return sbs.SideBySide(args)
+
+
 def test_ranked_candidates_are_another_warm_start(sbs, tmp_path):
     """``--candidate-order ranked`` builds its own SFT data (another data folder, so another
     warm start); the default keeps the folders of tables run before the option existed."""
     def bench(*extra: str):
-        args = sbs.build_parser().parse_args(["--model", "tiny", "--scoring", "demo",
-                                              "--train-file", "train.json",
-                                              "--work-dir", str(tmp_path), *extra])
-        args.precision, args.train_precision = "fp32", ["bf16=false"]
-        return sbs.SideBySide(args)
+        return _tiny_table(sbs, tmp_path, *extra)
 
     default, ranked = bench(), bench("--candidate-order", "ranked")
     sources = ["train.json", default.args.label_source, default.k]
@@ -247,11 +252,7 @@ def test_another_k_is_another_table_with_its_own_warm_start(sbs, tmp_path):
     config's K given as ``--k`` keeps the keys of the tables run without it; a
     ``mappo_top_k`` override, which would move the rollouts' K alone, is refused."""
     def bench(*extra: str):
-        args = sbs.build_parser().parse_args(["--model", "tiny", "--scoring", "demo",
-                                              "--train-file", "train.json",
-                                              "--work-dir", str(tmp_path), *extra])
-        args.precision, args.train_precision = "fp32", ["bf16=false"]
-        return sbs.SideBySide(args)
+        return _tiny_table(sbs, tmp_path, *extra)
 
     default, five, ten = bench(), bench("--k", "5"), bench("--k", "10")
     assert default.k == five.k == 5 and ten.k == 10
