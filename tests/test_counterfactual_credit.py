@@ -20,6 +20,7 @@ from mmoa.pipelines import get_pipeline
 from mmoa.pipelines.counterfactual import (
     CF_GENERATOR_STAGE,
     CF_SELECTOR_STAGE,
+    COUNTERFACTUAL_AGENTS,
     counterfactual_rewards,
     counterfactual_trace,
     default_selection,
@@ -63,6 +64,23 @@ def _trace(question: str = QUESTION, subquestions: Sequence[str] = (SUBQUESTION,
 
 
 # -- the defaults --------------------------------------------------------------------------------
+
+
+def test_every_listed_agent_has_a_default_and_a_credit_curve() -> None:
+    """``COUNTERFACTUAL_AGENTS`` (defined beside the statistics, so the training plots can name
+    the agents without importing a pipeline) lists exactly the agents this module has a
+    default for, and the per-agent figure draws each one's share beating its default."""
+    from mmoa.train.plots import AGENT_PANELS
+
+    for agent in COUNTERFACTUAL_AGENTS:
+        assert isinstance(uses_default(agent, _trace(), "all"), bool)
+        assert counterfactual_trace(agent, _trace(), "all").question == QUESTION
+    with pytest.raises(ValueError, match="no counterfactual default for agent 'generator'"):
+        uses_default("generator", _trace(), "all")
+    credit = next(p for p in AGENT_PANELS if p.title == "credit per agent")
+    drawn = {curve.key.split("/")[1] for curve in credit.curves if curve.key.startswith("cf_beat/")}
+    assert drawn == set(COUNTERFACTUAL_AGENTS)
+    assert get_pipeline("qr_s_g").counterfactual_agents == COUNTERFACTUAL_AGENTS
 
 
 def test_the_selector_defaults_keep_every_candidate_or_the_top_one() -> None:

@@ -32,11 +32,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from mmoa.train.mappo.agent_stats import COUNTERFACTUAL_AGENTS
+
 if TYPE_CHECKING:
     from mmoa.agents.pipeline import RagPipeline, Trace
 
-#: The agents whose output has a default (``mappo_counterfactual_agents``' choices).
-COUNTERFACTUAL_AGENTS: tuple[str, ...] = ("qr", "selector")
 #: ``mappo_counterfactual_selector_default``: what the Selector's default keeps.
 SELECTOR_DEFAULTS: tuple[str, ...] = ("all", "top1")
 #: Stage names of the counterfactual generations in the rollout's timings (every stage but

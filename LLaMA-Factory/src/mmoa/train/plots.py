@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mmoa.train.mappo.agent_stats import BONUS_LOG_NAMES
+from mmoa.train.mappo.agent_stats import BONUS_LOG_NAMES, COUNTERFACTUAL_AGENTS
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -64,7 +64,7 @@ def _credit_curves() -> tuple[Curve, ...]:
     return (*(Curve(f"{name}/{agent}", f"{agent} gold bonus", colours[agent])
               for agent, name in BONUS_LOG_NAMES.items()),
             *(Curve(f"cf_beat/{agent}", f"{agent} beats its default", colours[agent], True)
-              for agent in BONUS_LOG_NAMES))
+              for agent in COUNTERFACTUAL_AGENTS))
 
 
 #: The per-agent figure, panel by panel: each agent's own statistics (a count on the left axis

@@ -138,6 +138,11 @@ def step_agent_stats(records: Sequence[QARecord], traces: Sequence[Trace]) -> di
     return {key: value for key, value in means.items() if value is not None}
 
 
+#: The agents whose output has a default to compare it with (``mappo_counterfactual_agents``'
+#: choices; the defaults themselves are in :mod:`mmoa.pipelines.counterfactual`). Defined here,
+#: beside the statistics they are logged under, so that the training plots can name them
+#: without importing a pipeline.
+COUNTERFACTUAL_AGENTS: tuple[str, ...] = ("qr", "selector")
 #: The per-agent statistics of the counterfactual credit, each logged as ``<stat>/<agent>``.
 COUNTERFACTUAL_STATS: tuple[str, ...] = ("cf_reward", "cf_gain", "cf_beat", "cf_tie", "cf_lost",
                                          "cf_default")
