@@ -74,6 +74,28 @@ def test_the_miniature_keeps_vocabulary_and_layout(name: str) -> None:
                - full["intermediate_size"] / full["hidden_size"]) < 0.05
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_random_weights_load_in_the_dtype_they_were_saved_in(tmp_path: Path, dtype: str) -> None:
+    """A published config says bfloat16; the fp32 dry run's weights under it were loaded and
+    computed in bf16 (emulated on a CPU without AVX-512 BF16: 13 s a step for the miniature)."""
+    import torch
+    from init_weights import init_weights
+    from transformers import AutoModelForCausalLM
+
+    config = recipe_shapes.miniature_config(recipe_shapes.SHAPES["llama3_8b"].config)
+    config.update(vocab_size=256, bos_token_id=1, eos_token_id=2, num_hidden_layers=1)
+    assert config["torch_dtype"] == "bfloat16"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert init_weights(tmp_path, "causal_lm", 0, "cpu", dtype) > 0
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["torch_dtype"] == dtype
+    assert {k: v for k, v in saved.items() if k != "torch_dtype"} == \
+        {k: v for k, v in config.items() if k != "torch_dtype"}
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert next(model.parameters()).dtype == getattr(torch, dtype)
+    assert init_weights(tmp_path, "causal_lm", 0, "cpu", dtype) == -1  # already there
+
+
 def test_special_tokens_sit_at_the_real_ids() -> None:
     llama = recipe_shapes.SHAPES["llama3_8b"]
     ids = {token: llama.first_special_id + i for i, (token, _) in enumerate(llama.specials)}

@@ -8,8 +8,14 @@ of 64 MiB), so the check runs every stage on the real architectures with random 
 memory and kernels are the real ones, the answers are not. Writes the weights into ``DIR``
 (``model.safetensors``, or its shards and index where ``save_pretrained`` splits a large model;
 atomically: the files are moved in only once all are written; the folder's config and tokenizer
-files are left as they are) and prints the parameter count. A folder that already has weights is
-left alone.
+files are left as they are, except the config's dtype, set to the dtype the weights were saved
+in) and prints the parameter count. A folder that already has weights is left alone.
+
+The config's dtype matters because transformers loads a model in it when the caller names none
+(as llamafactory does for an fp32 run): a published config says ``bfloat16``, and float32
+weights under it would be loaded and computed in bf16, which on a CPU without AVX-512 BF16 is
+emulated and many times slower (the dry run's 8B-shape miniature: 13 s a step instead of
+well under one).
 
 ``--device`` / ``--dtype``: where and in which dtype the weights are made. The recipe-shape check
 (``recipe_shapes.py``) makes Llama-3-8B-sized models on the GPU directly in bf16 (16 GB: seconds
@@ -19,6 +25,7 @@ there, many minutes on a CPU); the default (CPU, float32) is what the check's sm
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -26,9 +33,22 @@ import time
 from pathlib import Path
 
 #: Files of the folder that ``save_pretrained`` rewrites but that belong to the folder (its own
-#: config and generation config stay as they were written).
+#: config and generation config stay as they were written, but for the config's dtype).
 KEPT_FILES = frozenset({"config.json", "generation_config.json"})
 DTYPES = ("float32", "bfloat16", "float16")
+#: The config keys transformers reads the default load dtype from (``dtype`` since 4.56).
+CONFIG_DTYPE_KEYS = ("torch_dtype", "dtype")
+
+
+def record_dtype(model_dir: Path, dtype: str) -> None:
+    """Set ``config.json``'s dtype to ``dtype``: the keys it has, else ``torch_dtype``."""
+    path = model_dir / "config.json"
+    config = json.loads(path.read_text())
+    for key in [k for k in CONFIG_DTYPE_KEYS if k in config] or [CONFIG_DTYPE_KEYS[0]]:
+        config[key] = dtype
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(config, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def has_weights(model_dir: Path) -> bool:
@@ -61,6 +81,7 @@ def init_weights(model_dir: Path, kind: str, seed: int, device: str = "cpu",
                    if p.suffix == ".safetensors" or p.name == "model.safetensors.index.json"]
         if not any(p.suffix == ".safetensors" for p in written):
             raise RuntimeError(f"save_pretrained wrote no safetensors file in {tmp}")
+        record_dtype(model_dir, dtype)
         # the shards first, the file that names them (or the single file) last: a folder
         # interrupted here has no index and so no weights, and is made again
         for path in sorted(written, key=lambda p: p.name in ("model.safetensors",
