@@ -23,12 +23,6 @@ from mmoa_demo.world import (
 #: group, so that run is made once. Listed here because the scheduler, in the controller, sees
 #: only test ids; the collection checks the list against the tests that use the fixture.
 DDP_RUN_MODULES = frozenset({"tests/test_mappo_deepspeed.py", "tests/test_mappo_integration.py"})
-#: The modules whose tests start two-process training runs (gloo on the CPU): one xdist group with
-#: the ``ddp_run`` modules, so that two such runs never share the two cores (four processes, each
-#: pair waiting at its collectives for a process the other pair keeps off a core).
-TWO_PROCESS_MODULES = DDP_RUN_MODULES | {
-    "tests/test_adapter_per_agent.py", "tests/test_counterfactual_credit_integration.py",
-    "tests/test_mappo_multiprocess.py", "tests/test_mappo_loss_scope_multiprocess.py"}
 
 
 def _module(nodeid: str) -> str:
@@ -36,11 +30,10 @@ def _module(nodeid: str) -> str:
 
 
 def xdist_group(nodeid: str) -> str:
-    """The pytest-xdist group of a test: its module, or ``two_processes`` for the modules that
-    start two-process runs (among them those sharing the ``ddp_run``). A group runs whole on one
-    worker, so a module's fixtures are built once."""
+    """The pytest-xdist group of a test: its module, or ``ddp_run`` for the modules that share
+    that run. A group runs whole on one worker, so a module's fixtures are built once."""
     module = _module(nodeid)
-    return "two_processes" if module in TWO_PROCESS_MODULES else module
+    return "ddp_run" if module in DDP_RUN_MODULES else module
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest -p no:xdist must still run
