@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from mmoa.fileio import atomic_write_json
+
 #: Files of the folder that ``save_pretrained`` rewrites but that belong to the folder (its own
 #: config and generation config stay as they were written, but for the config's dtype).
 KEPT_FILES = frozenset({"config.json", "generation_config.json"})
@@ -46,9 +48,7 @@ def record_dtype(model_dir: Path, dtype: str) -> None:
     config = json.loads(path.read_text())
     for key in [k for k in CONFIG_DTYPE_KEYS if k in config] or [CONFIG_DTYPE_KEYS[0]]:
         config[key] = dtype
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(config, indent=2) + "\n")
-    tmp.replace(path)
+    atomic_write_json(path, config)
 
 
 def has_weights(model_dir: Path) -> bool:
