@@ -96,6 +96,9 @@ The real HotpotQA files (``../shared/data/hotpotqa_fullwiki_486``; corpus and in
         --retriever-url http://127.0.0.1:8010 --index data/hotpotqa_real/index \\
         --json-out bench/results/side_by_side_real_smollm2.json
 
+Exits 1 when a row of this run failed (after writing the table, whose failed rows say why), so
+that a chain of commands stops there; rerunning the same command retries those rows.
+
 ``--report JSON`` prints the table of an existing JSON (and writes ``--markdown`` / ``--plot``)
 without running anything. ``--report REAL.json DEMO.json --readme README.md`` writes one table
 with a column per JSON (F1 +- SE and the paired gain of each row) between the README's
@@ -1060,6 +1063,17 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(format_table(result))
     write_outputs(result, args, bench.json_path)
+    failed = failed_rows(result, with_dependencies(args.methods))
+    if failed:  # the table is written; a chain of scripts must still stop here
+        raise SystemExit(f"side_by_side: {len(failed)} row(s) failed ({', '.join(failed)}); "
+                         f"the table is in {bench.json_path}: the same command "
+                         f"reruns the failed rows and skips the finished ones")
+
+
+def failed_rows(result: dict[str, Any], planned: list[str]) -> list[str]:
+    """The rows of this run (``planned``) that failed, in the table's order."""
+    return [name for name in result["order"]
+            if name in planned and result["rows"].get(name, {}).get("status") == "failed"]
 
 
 if __name__ == "__main__":

@@ -123,10 +123,14 @@ def chain(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dic
         return real_run(command, *args, **kwargs)
 
     def bench(*methods: str, options: tuple[str, ...] = (
-            "--json-out", str(out_json), "--markdown", str(markdown))) -> str:
-        """The bench with ``methods`` (and ``options``); what it printed."""
+            "--json-out", str(out_json), "--markdown", str(markdown)),
+              failed: str = "") -> str:
+        """The bench with ``methods`` (and ``options``); what it printed. ``failed``: the
+        rows expected to fail, for which the command exits 1 after writing its table."""
         printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
+        exits = pytest.raises(SystemExit, match=rf"row\(s\) failed \({failed}\)") if failed \
+            else contextlib.nullcontext()
+        with contextlib.redirect_stdout(printed), exits:
             side_by_side.main([*options,
                 "--world", "distractor", "--train-file", str(files["train"]),
                 "--dev-file", str(files["dev"]), "--test-file", str(files["test"]),
@@ -147,7 +151,8 @@ def chain(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dic
         with pytest.MonkeyPatch.context() as monkeypatch:
             monkeypatch.setattr(subprocess, "run", counting_run)
             # HARR first: it fails after its warm start, the rows after it still run
-            first_out = bench("harr", "zero_shot", "sft_rag", "sft_rag1", "mappo")
+            first_out = bench("harr", "zero_shot", "sft_rag", "sft_rag1", "mappo",
+                              failed="harr")
             first = json.loads(out_json.read_text())
             first_commands = list(commands)
             # the rerun: every finished row is skipped, nothing is trained or evaluated

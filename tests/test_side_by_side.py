@@ -120,6 +120,35 @@ def test_paired_gain_against_the_vs_row_and_the_table(sbs):
         "| method", "| ---", "| sft", "| mappo", "| grpo"]
 
 
+def test_a_failed_row_of_this_run_makes_the_command_exit_1_after_writing(sbs, tmp_path,
+                                                                         monkeypatch, capsys):
+    """A chain of commands (``cmd && next``) must stop at a table with a failed row: the table
+    is still printed and its outputs written, then the exit status is 1 and names the rows.
+    Rows of an earlier run that this one did not plan do not count."""
+    result = {"table": {"model": "tiny", "eval_split": "dev", "eval_file": "d.json",
+                        "scoring": "hotpotqa"}, "order": ["zero_shot", "sft", "grpo"],
+              "rows": {"zero_shot": _row("zero_shot", {"a": 0.0}),
+                       "sft": {"method": "sft", "label": "sft", "pipeline": "qr_s_g",
+                               "status": "failed", "vs": "zero_shot", "seconds": 1.0,
+                               "error": "failed (-15): mmoa-cli train"},
+                       "grpo": {"method": "grpo", "label": "grpo", "pipeline": "qr_s_g",
+                                "status": "failed", "vs": "sft", "seconds": 1.0,
+                                "error": "an earlier run's"}}}
+    assert sbs.failed_rows(result, ["zero_shot", "sft"]) == ["sft"]
+    assert sbs.failed_rows(result, ["zero_shot"]) == []
+    written: list[Path] = []
+    monkeypatch.setattr(sbs.SideBySide, "run", lambda self: result)
+    monkeypatch.setattr(sbs, "write_outputs", lambda res, args, path: written.append(path))
+    argv = ["--model", "tiny", "--scoring", "demo", "--train-file", __file__, "--test-file",
+            __file__, "--work-dir", str(tmp_path), "--no-plot"]
+    with pytest.raises(SystemExit) as info:
+        sbs.main([*argv, "--methods", "sft"])
+    assert "1 row(s) failed (sft)" in str(info.value.code) and written
+    assert "sft failed" in capsys.readouterr().out  # the table came first
+    sbs.main([*argv, "--methods", "zero_shot"])  # only an unplanned row failed: exit 0
+    assert len(written) == 2
+
+
 def test_the_readme_table_has_a_column_per_json(sbs, tmp_path):
     """``--report A B --readme`` writes one table between the markers, rows in method order,
     "not run" where a JSON lacks the row; the text around the markers is kept."""
