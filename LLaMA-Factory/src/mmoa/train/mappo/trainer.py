@@ -229,15 +229,8 @@ class MappoTrainer(Trainer):
             for note in mappo_args.algorithm.clip_notes(mappo_args.mappo_cliprange,
                                                         mappo_args.mappo_cliprange_high):
                 mappo_logger().info(f"[mappo] {note}")
-            if mappo_args.mappo_tis_cap is not None and not mappo_args.is_multiturn \
-                    and "selector" in mappo_args.optimized_agents \
-                    and mappo_args.mappo_constrained_selector \
-                    and not mappo_args.mappo_masked_scoring:
-                mappo_logger().warning(
-                    "[mappo] mappo_tis_cap with the grammar-constrained Selector scored over the "
-                    "whole vocabulary: its tokens' weights are the mass its grammar allows (about "
-                    "1e-3 on the tiny model), so its updates nearly vanish; set "
-                    "mappo_masked_scoring: true to score it as it was sampled")
+            for warning in mappo_args.startup_warnings():
+                mappo_logger().warning(f"[mappo] {warning}")
         #: Objects whose state travels in every checkpoint (``save(folder)`` into the one
         #: being written, ``load(folder)`` when resuming; their ``name`` is their folder),
         #: e.g. the joint option's query encoder (:mod:`.joint_retriever`).
