@@ -23,8 +23,8 @@
 #                 start and MAPPO, 50 test questions, no zero-shot row: for a CPU without bf16)
 #                 or "small" (a small world and a few steps: a smoke test, the CI test's scale)
 #   EVAL_SPLIT    "test" (default) or "dev": the split the evaluation stage reads (tune on dev)
-#   PRECISION     "auto" (default: bf16 where the GPU or CPU computes bf16 natively), "bf16"
-#                 or "fp32"
+#   PRECISION     "auto" (default: bf16 where the GPU or CPU computes bf16 natively and, on a
+#                 CPU, a short probe finds it faster than fp32), "bf16" or "fp32"
 #   MMOA_VERBOSE  1: the libraries' INFO lines (model configs, file loading) on the console too;
 #                 by default they go to library.log in each run's output folder
 #   MMOA_SETUP    0: skip stage 1's set-up and use the python and mmoa-cli on PATH (a machine
@@ -103,7 +103,8 @@ if [[ "${CUDA_VISIBLE_DEVICES-all}" != "" ]] && command -v nvidia-smi > /dev/nul
    && nvidia-smi -L > /dev/null 2>&1; then HW=gpu; fi
 if [[ "$MODEL" == smollm2 ]]; then
   case "$HW" in
-    bf16) echo "[demo] this CPU computes bf16 natively: bf16 autocast. On 2 such cores:" ;;
+    bf16) echo "[demo] this CPU has native bf16 (AVX-512 BF16 / AMX): bf16 autocast where a probe" \
+               "after the set-up finds it faster than fp32 (the precision line below). On 2 such cores:" ;;
     fp32) echo "[demo] no native bf16 here (no AVX-512 BF16 / AMX): fp32, the slower case." \
                "On 2 such cores:" ;;
     gpu)  echo "[demo] a GPU: each scale takes minutes (the CPU times, for reference):" ;;
@@ -144,7 +145,8 @@ fi
 mkdir -p "$OUT"
 
 # Mixed precision where the hardware computes it natively: bf16 autocast on a GPU with bf16 or
-# a CPU with AVX-512 BF16 / AMX; fp32 elsewhere (emulated bf16 is several times slower).
+# a CPU with AVX-512 BF16 / AMX whose bf16 products measure faster than fp32's (mmoa.precision);
+# fp32 elsewhere (emulated bf16 is several times slower).
 if ! PRECISION_LINE=$(python -m mmoa.precision "$PRECISION"); then
   exit 2
 fi

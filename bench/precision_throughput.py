@@ -3,9 +3,11 @@
 
 Why: bf16 autocast is only a gain where the hardware computes bf16 natively (AVX-512 BF16 / AMX
 on a CPU, or a GPU); elsewhere it is emulated and slower. ``mmoa.precision`` decides from the CPU
-flags; this bench measures what that rule stands on. The matrix products are those of
-SmolLM2-135M's MLP (576 x 1,536) for 512 tokens, forward (``x W^T``) and the two backward
-products; the evaluation runs the real pipeline (``mmoa.evaluation.evaluate``) on the first
+flags and, where they promise native bf16, a probe of matrix products
+(``mmoa.precision.bf16_matmul_speedup``); this bench measures what that rule stands on. The
+matrix products are the probe's, ``mmoa.precision.linear_layer_gflops``: SmolLM2-135M's MLP
+(576 x 1,536) for 512 tokens, forward (``x W^T``) and the two backward products; the
+evaluation runs the real pipeline (``mmoa.evaluation.evaluate``) on the first
 ``--questions`` questions of a QA file against a running retrieval server.
 
     python bench/precision_throughput.py --model saves/smollm2-135m/full/sft --questions 8
@@ -18,30 +20,18 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
+from pathlib import Path
 
 import torch
 
 
-def matmul_gflops(dtype: torch.dtype, tokens: int = 512, hidden: int = 576,
-                  inner: int = 1536, repeats: int = 3) -> dict[str, float]:
-    """GFLOP/s of the forward and the two backward products of one linear layer."""
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(tokens, hidden, generator=generator).to(dtype)
-    w = torch.randn(inner, hidden, generator=generator).to(dtype)
-    g = torch.randn(tokens, inner, generator=generator).to(dtype)
-    flops = 2.0 * tokens * hidden * inner
-    products = {"forward x@W^T": lambda: x @ w.t(), "grad input g@W": lambda: g @ w,
-                "grad weight g^T@x": lambda: g.t() @ x}
-    out = {}
-    for name, product in products.items():
-        product()  # warm-up
-        start = time.perf_counter()
-        for _ in range(repeats):
-            product()
-        seconds = (time.perf_counter() - start) / repeats
-        out[name] = round(flops / seconds / 1e9, 2)
-    return out
+def cpu_model_name() -> str | None:
+    """The CPU's model name from ``/proc/cpuinfo`` (the figures differ between CPUs that share
+    their flags), or ``None`` where the file is absent."""
+    path = Path("/proc/cpuinfo")
+    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+    return next((line.split(":", 1)[1].strip() for line in lines
+                 if line.startswith("model name")), None)
 
 
 def evaluation_rate(args: argparse.Namespace, precision: str) -> dict[str, float]:
@@ -77,14 +67,21 @@ def main() -> None:
     parser.add_argument("--json-out")
     args = parser.parse_args()
 
-    from mmoa.precision import cpu_has_bf16, resolve_precision
+    from mmoa.precision import (
+        bf16_matmul_speedup,
+        cpu_has_bf16,
+        linear_layer_gflops,
+        resolve_precision,
+    )
 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     result = {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "cpu_model": cpu_model_name(),
         "threads": torch.get_num_threads(), "cpu_native_bf16": cpu_has_bf16(),
         "auto_resolves_to": resolve_precision("auto"),
-        "matmul_gflops": {p: matmul_gflops(dtypes[p]) for p in args.precisions},
+        "bf16_speedup_probe": round(bf16_matmul_speedup(), 3) if cpu_has_bf16() else None,
+        "matmul_gflops": {p: linear_layer_gflops(dtypes[p]) for p in args.precisions},
         "evaluation": {} if args.skip_eval else
         {p: evaluation_rate(args, p) for p in args.precisions},
     }
@@ -97,7 +94,8 @@ def main() -> None:
         print(f"{precision:<10}{mm[0]:>12.1f}{mm[1]:>9.1f}{mm[2]:>9.1f}"
               f"{'-' if rate is None else f'{rate:.3f}':>10}")
     print(f"auto precision here: {result['auto_resolves_to']} "
-          f"(native bf16 on this CPU: {result['cpu_native_bf16']})")
+          f"(native bf16 on this CPU: {result['cpu_native_bf16']}; the probe's bf16 speedup: "
+          f"{result['bf16_speedup_probe']})")
     if args.json_out:
         from bench_runs import write_result  # a sibling: bench/ is first on sys.path
 

@@ -1,18 +1,24 @@
-"""The one precision rule: bf16 only where the hardware computes it natively."""
+"""The one precision rule: bf16 only where the hardware computes it natively and faster."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import mmoa.precision as precision_module
 from mmoa.precision import (
+    BF16_MIN_SPEEDUP,
     EMULATED_BF16,
     autocast,
+    bf16_matmul_speedup,
+    cpu_bf16_pays,
     cpu_has_bf16,
     device_type_of,
     emulated_bf16_warning,
     inference_weights_dtype,
+    linear_layer_gflops,
     resolve_precision,
+    slow_bf16_message,
     train_config_warning,
     train_overrides,
     training_on_gpu,
@@ -87,10 +93,37 @@ AVX2_ONLY = "flags : fpu sse sse2 avx avx2 fma"
 WITH_BF16 = "flags : fpu sse sse2 avx avx2 avx512f avx512_bf16"
 
 
-def test_bf16_asked_of_a_cpu_that_emulates_it_is_warned_about() -> None:
+def test_native_bf16_pays_only_where_the_probe_finds_it_faster(monkeypatch) -> None:
+    assert cpu_bf16_pays(WITH_BF16, speedup=2.0)
+    assert cpu_bf16_pays(WITH_BF16, speedup=BF16_MIN_SPEEDUP)
+    # level with fp32, within the margin: fp32, so that the key of a run stays the same
+    assert not cpu_bf16_pays(WITH_BF16, speedup=1.1)
+    # the 2-core Intel Xeon with AVX-512 BF16 (no AMX): bf16 products at about half fp32's rate
+    assert not cpu_bf16_pays(WITH_BF16, speedup=0.5)
+
+    def no_probe() -> float:
+        raise AssertionError("a CPU without bf16 instructions is never probed")
+
+    monkeypatch.setattr(precision_module, "bf16_matmul_speedup", no_probe)
+    assert not cpu_bf16_pays(AVX2_ONLY)
     assert emulated_bf16_warning(True, on_gpu=False, cpuinfo=AVX2_ONLY) == EMULATED_BF16
-    assert emulated_bf16_warning(True, on_gpu=False, cpuinfo=WITH_BF16) is None
-    assert emulated_bf16_warning(True, on_gpu=False, cpuinfo="flags : amx_bf16") is None
+
+
+def test_the_probe_measures_the_three_products_of_a_linear_layer() -> None:
+    rates = linear_layer_gflops(torch.float32, tokens=8, hidden=16, inner=32, repeats=2)
+    assert set(rates) == {"forward x@W^T", "grad input g@W", "grad weight g^T@x"}
+    assert all(rate > 0 for rate in rates.values())
+    speedup = bf16_matmul_speedup()
+    assert speedup > 0 and speedup == bf16_matmul_speedup()  # measured once a process
+
+
+def test_bf16_asked_of_a_cpu_where_it_costs_time_is_warned_about() -> None:
+    assert emulated_bf16_warning(True, on_gpu=False, cpuinfo=AVX2_ONLY) == EMULATED_BF16
+    assert emulated_bf16_warning(True, on_gpu=False, cpuinfo=WITH_BF16, speedup=1.6) is None
+    assert emulated_bf16_warning(True, on_gpu=False, cpuinfo="flags : amx_bf16",
+                                 speedup=3.0) is None
+    slow = emulated_bf16_warning(True, on_gpu=False, cpuinfo=WITH_BF16, speedup=0.5)
+    assert slow == slow_bf16_message(0.5) and "0.50 times fp32's rate" in slow
     assert emulated_bf16_warning(True, on_gpu=True, cpuinfo=AVX2_ONLY) is None
     assert emulated_bf16_warning(False, on_gpu=False, cpuinfo=AVX2_ONLY) is None
 
@@ -101,6 +134,6 @@ def test_a_training_configs_bf16_key_is_read_as_llamafactory_reads_it() -> None:
                                     AVX2_ONLY) == EMULATED_BF16
     for config in ({"bf16": False}, {"bf16": "false"}, {}):
         assert train_config_warning(config, False, AVX2_ONLY) is None
-    assert train_config_warning({"bf16": True}, False, WITH_BF16) is None
+    assert train_config_warning({"bf16": True}, False, WITH_BF16, speedup=1.6) is None
     # use_cpu keeps the run on the CPU even where CUDA is present
     assert not training_on_gpu({"bf16": True, "use_cpu": "true"})
