@@ -56,13 +56,13 @@ from selector_discrimination import (  # noqa: E402
     check_candidates_args,
     marginal_selection,
     question_inputs,
+    read_candidates_inputs,
     selection_summary,
     title_overlap,
     title_rule_selection,
 )
 
 from mmoa.data.support import GoldSupport  # noqa: E402
-from mmoa.fileio import read_jsonl  # noqa: E402
 from mmoa.metrics import DEFAULT_PROFILE, SCORING_PROFILES  # noqa: E402
 
 SCRIPT = "bench/selection_ceiling.py"
@@ -157,7 +157,6 @@ def evaluation_settings(predictions: Path) -> dict[str, Any]:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     from mmoa.agents.pipeline import GenerationSettings, RagPipeline, Trace
-    from mmoa.data.loaders import load_qa
     from mmoa.defaults import MAX_NEW_TOKENS
     from mmoa.metrics import score_answer
     from mmoa.modeling import load_for_inference
@@ -168,11 +167,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "max_new_tokens_generator", MAX_NEW_TOKENS["generator"]))
     scoring = args.scoring or settings_of_eval.get("scoring", DEFAULT_PROFILE)
     batch_size = args.batch_size or int(settings_of_eval.get("batch_size", 16))
-    rows = read_jsonl(args.predictions)
-    if args.max_questions:
-        rows = rows[:args.max_questions]
-    records = {r.id: r for r in load_qa(args.data_file)}
-    corpus = {str(d["id"]): d for d in read_jsonl(args.corpus)}
+    rows, records, corpus = read_candidates_inputs(args)
     beliefs: list[tuple[str, dict[str, list[float]], float]] = []
     for path, threshold in map(parse_inclusion, args.inclusion):
         try:

@@ -225,16 +225,25 @@ def question_inputs(row: dict[str, Any], corpus: dict[str, dict[str, Any]],
     return candidates, [support.matches(c) for c in candidates]
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
-    from mmoa.agents.render import PromptRenderer
+def read_candidates_inputs(args: argparse.Namespace
+                           ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """The inputs of :func:`candidates_parser`'s options: the evaluation's prediction rows (the
+    first ``--max-questions``), the data file's records by id and the corpus by passage id."""
     from mmoa.data.loaders import load_qa
-    from mmoa.modeling import load_for_inference
 
     rows = read_jsonl(args.predictions)
     if args.max_questions:
         rows = rows[:args.max_questions]
     records = {r.id: r for r in load_qa(args.data_file)}
     corpus = {str(d["id"]): d for d in read_jsonl(args.corpus)}
+    return rows, records, corpus
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from mmoa.agents.render import PromptRenderer
+    from mmoa.modeling import load_for_inference
+
+    rows, records, corpus = read_candidates_inputs(args)
     model, tokenizer = load_for_inference(args.model, args.template, precision=args.precision,
                                           use_cpu=args.use_cpu)
     renderer = PromptRenderer(tokenizer, args.template)

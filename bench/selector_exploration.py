@@ -64,12 +64,12 @@ from selector_discrimination import (  # noqa: E402
     candidates_parser,
     check_candidates_args,
     question_inputs,
+    read_candidates_inputs,
 )
 
 from mmoa import defaults  # noqa: E402
 from mmoa.agents.prompts import format_selection, selector_prompt  # noqa: E402
 from mmoa.data.support import GoldSupport  # noqa: E402
-from mmoa.fileio import read_jsonl  # noqa: E402
 
 SCRIPT = "bench/selector_exploration.py"
 #: The Selector temperatures tried by default: the rollout's own, then higher ones.
@@ -165,15 +165,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from mmoa.agents.parsers import parse_selection
     from mmoa.agents.pipeline import Trace
     from mmoa.agents.render import PromptRenderer
-    from mmoa.data.loaders import load_qa
     from mmoa.modeling import load_for_inference
     from mmoa.train.mappo.agent_stats import selection_gold_f1
 
-    rows = read_jsonl(args.predictions)
-    if args.max_questions:
-        rows = rows[:args.max_questions]
-    records = {r.id: r for r in load_qa(args.data_file)}
-    corpus = {str(d["id"]): d for d in read_jsonl(args.corpus)}
+    rows, records, corpus = read_candidates_inputs(args)
     model, tokenizer = load_for_inference(args.model, args.template, precision=args.precision,
                                           use_cpu=args.use_cpu)
     renderer = PromptRenderer(tokenizer, args.template)
