@@ -68,8 +68,10 @@ from selector_discrimination import (  # noqa: E402
 )
 
 from mmoa import defaults  # noqa: E402
+from mmoa.agents.pipeline import Trace, response_until_stop  # noqa: E402
 from mmoa.agents.prompts import format_selection, selector_prompt  # noqa: E402
 from mmoa.data.support import GoldSupport  # noqa: E402
+from mmoa.train.mappo.agent_stats import selection_gold_f1  # noqa: E402
 
 SCRIPT = "bench/selector_exploration.py"
 #: The Selector temperatures tried by default: the rollout's own, then higher ones.
@@ -116,6 +118,14 @@ def summarise_temperature(questions: Sequence[dict[str, Any]], key: str) -> dict
     }
 
 
+def selection_f1(record: Any, question: str, candidates: Sequence[Any],
+                 selection: list[int]) -> float | None:
+    """The selection reward's F1 of ``selection`` (candidate positions) against the gold
+    candidates, by the reward's own definition (``None`` without a gold candidate)."""
+    return selection_gold_f1(record, Trace(question=question, candidates=list(candidates),
+                                           selected=selection))
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
@@ -146,16 +156,8 @@ def shared_prompt_generate(model: Any, prompt_ids: Sequence[int], prefilled: Any
                             attention_mask=torch.ones(rows, prompt.shape[1], dtype=torch.long,
                                                       device=device),
                             past_key_values=cache, use_cache=True, **generate_kwargs)
-    stops = set(generate_kwargs.get("eos_token_id") or [])
-    out = []
-    for row in output[:, prompt.shape[1]:].tolist():
-        tokens = []
-        for token in row:
-            tokens.append(token)
-            if token in stops:
-                break
-        out.append(tokens)
-    return out
+    stops = generate_kwargs.get("eos_token_id") or []
+    return [response_until_stop(row, stops) for row in output[:, prompt.shape[1]:].tolist()]
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -163,10 +165,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     from mmoa.agents.constrained import SelectorLogitsProcessor
     from mmoa.agents.parsers import parse_selection
-    from mmoa.agents.pipeline import Trace
     from mmoa.agents.render import PromptRenderer
     from mmoa.modeling import load_for_inference
-    from mmoa.train.mappo.agent_stats import selection_gold_f1
 
     rows, records, corpus = read_candidates_inputs(args)
     model, tokenizer = load_for_inference(args.model, args.template, precision=args.precision,
@@ -202,23 +202,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         prompt_ids = renderer.prompt_ids(selector_prompt(row["question"],
                                                          [c.text for c in candidates]))
 
-        def f1(selection: list[int], row: dict[str, Any] = row,
-               candidates: list = candidates, record: Any = record) -> float | None:
-            trace = Trace(question=row["question"], candidates=candidates, selected=selection)
-            return selection_gold_f1(record, trace)
-
         cache = prefill(model, prompt_ids)
         greedy = decode(prompt_ids, cache, k, 1, do_sample=False, temperature=None, top_p=None,
                         top_k=None)[0]
         entry: dict[str, Any] = {"id": row["id"], "k": k, "gold": gold, "greedy": greedy,
-                                 "greedy_f1": f1(greedy)}
+                                 "greedy_f1": selection_f1(record, row["question"],
+                                                           candidates, greedy)}
         for temperature in args.temperatures:
             sampled = decode(prompt_ids, cache, k, args.samples, do_sample=True,
                              temperature=temperature, top_p=args.top_p, top_k=0)
-            scores = [f1(s) for s in sampled]
             entry[f"T={temperature:g}"] = {
                 "selections": sampled,
-                "f1": None if entry["greedy_f1"] is None else scores}
+                "f1": None if entry["greedy_f1"] is None else
+                [selection_f1(record, row["question"], candidates, s) for s in sampled]}
         per_question.append(entry)
     seconds = time.perf_counter() - started
     if not per_question:

@@ -27,7 +27,7 @@ Generator) and ``qr_s_g`` (the full pipeline). The evaluation's oracle ``gold_g`
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -183,6 +183,18 @@ class BatchTimings:
     def as_dict(self) -> dict[str, float]:
         return {"qr": self.qr, "retrieve": self.retrieve, "selector": self.selector,
                 "generator": self.generator}
+
+
+def response_until_stop(generated: Sequence[int], stop_ids: Iterable[int]) -> list[int]:
+    """A generated row's tokens up to and including its first stop token (the rows of one
+    ``generate`` call that finished early are padded after it), or all of them without one."""
+    stops = set(stop_ids)
+    response: list[int] = []
+    for token in generated:
+        response.append(token)
+        if token in stops:
+            break
+    return response
 
 
 class ModelPipeline:
@@ -443,12 +455,7 @@ class RagPipeline(ModelPipeline):
         calls = []
         for row in range(len(prompts) * copies):
             prompt = prompts[row // copies]
-            generated = sequences[row, width:].tolist()
-            response: list[int] = []
-            for token in generated:
-                response.append(token)
-                if token in stop_set:
-                    break
+            response = response_until_stop(sequences[row, width:].tolist(), stop_set)
             text_ids = [t for t in response if t not in stop_set]
             calls.append(AgentCall(
                 agent=agent,
