@@ -68,7 +68,7 @@ from selector_discrimination import (  # noqa: E402
 )
 
 from mmoa import defaults  # noqa: E402
-from mmoa.agents.pipeline import Trace, response_until_stop  # noqa: E402
+from mmoa.agents.pipeline import Trace, response_text, response_until_stop  # noqa: E402
 from mmoa.agents.prompts import format_selection, selector_prompt  # noqa: E402
 from mmoa.data.support import GoldSupport  # noqa: E402
 from mmoa.train.mappo.agent_stats import selection_gold_f1  # noqa: E402
@@ -182,9 +182,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             model, prompt_ids, cache, rows, max_new_tokens=args.max_new_tokens,
             eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id,
             logits_processor=LogitsProcessorList([processor]), **sampling)
-        texts = [tokenizer.decode([t for t in r if t not in stop_ids], skip_special_tokens=True)
-                 for r in responses]
-        return [parse_selection(text.strip(), k).ids for text in texts]
+        return [parse_selection(response_text(tokenizer, r, stop_ids), k).ids for r in responses]
 
     per_question, skipped = [], Counter()
     started = time.perf_counter()

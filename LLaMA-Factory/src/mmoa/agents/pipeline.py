@@ -197,6 +197,15 @@ def response_until_stop(generated: Sequence[int], stop_ids: Iterable[int]) -> li
     return response
 
 
+def response_text(tokenizer: PreTrainedTokenizerBase, response: Sequence[int],
+                  stop_ids: Iterable[int]) -> str:
+    """The text of a response cut by :func:`response_until_stop`: its stop tokens dropped (a
+    chat template's end-of-turn token is not always a special token the tokenizer skips)."""
+    stops = set(stop_ids)
+    return tokenizer.decode([t for t in response if t not in stops],
+                            skip_special_tokens=True).strip()
+
+
 class ModelPipeline:
     """What every batched agent pipeline holds (the three-agent RAG pipeline and the multi-turn
     agents): one model, its tokenizer, the prompt renderer of the template, a retriever, the
@@ -456,13 +465,12 @@ class RagPipeline(ModelPipeline):
         for row in range(len(prompts) * copies):
             prompt = prompts[row // copies]
             response = response_until_stop(sequences[row, width:].tolist(), stop_set)
-            text_ids = [t for t in response if t not in stop_set]
             calls.append(AgentCall(
                 agent=agent,
                 prompt=prompt,
                 prompt_ids=list(prompt_ids[row // copies]),
                 response_ids=response,
-                response_text=self.tokenizer.decode(text_ids, skip_special_tokens=True).strip(),
+                response_text=response_text(self.tokenizer, response, stop_set),
                 sampling_logprobs=sampled[row][: len(response)] if sampled is not None else None,
                 support=processor.support(response)
                 if processor is not None and settings.record_support else None,
