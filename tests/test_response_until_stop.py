@@ -3,6 +3,8 @@ three-agent pipeline and the Selector benches: hand-written rows with and withou
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from mmoa.agents.pipeline import response_until_stop
 
 
@@ -18,7 +20,7 @@ def test_a_row_without_a_stop_token_is_kept_whole() -> None:
     assert response_until_stop([3, 4], []) == [3, 4]
 
 
-def test_the_response_text_drops_its_stop_tokens_and_keeps_the_rest(tiny_model_dir) -> None:
+def test_the_response_text_drops_its_stop_tokens(tiny_model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
     from mmoa.agents.pipeline import response_text
